@@ -1,0 +1,153 @@
+// core/cuda/copy.cu — device copies for Tensor: strided copy with dtype conversion,
+// fill, axpy (autograd's gradient sums) and host<->device / peer transfers.
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "core/cuda/types.cuh"
+#include "core/tensor.h"
+
+namespace ffn::cuda_copy {
+
+namespace {
+
+constexpr int kMaxDims = 8;
+struct StridedIndex {
+  int nd;
+  int64_t size[kMaxDims];
+  int64_t dst_stride[kMaxDims];
+  int64_t src_stride[kMaxDims];
+};
+
+template <class D, class S>
+__global__ void strided_copy_kernel(D* dst, const S* src, int64_t n, StridedIndex ix) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t rem = i, od = 0, os = 0;
+    for (int k = ix.nd - 1; k >= 0; --k) {
+      const int64_t c = rem % ix.size[k];
+      rem /= ix.size[k];
+      od += c * ix.dst_stride[k];
+      os += c * ix.src_stride[k];
+    }
+    dst[od] = cuda::from_acc<D>(cuda::to_acc(src[os]));
+  }
+}
+
+template <class D, class S>
+__global__ void contiguous_copy_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = cuda::from_acc<D>(cuda::to_acc(src[i]));
+}
+
+template <class T>
+__global__ void fill_kernel(T* dst, int64_t n, StridedIndex ix, T value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t rem = i, od = 0;
+    for (int k = ix.nd - 1; k >= 0; --k) {
+      od += (rem % ix.size[k]) * ix.dst_stride[k];
+      rem /= ix.size[k];
+    }
+    dst[od] = value;
+  }
+}
+
+template <class T>
+__global__ void axpy_kernel(T* dst, const T* src, int64_t n, double alpha) {
+  using A = cuda::acc_t<T>;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = cuda::from_acc<T>(cuda::to_acc(dst[i]) + static_cast<A>(alpha) * cuda::to_acc(src[i]));
+}
+
+StridedIndex make_index(const Tensor& dst, const Tensor* src) {
+  FFN_CHECK(dst.dim() <= kMaxDims, "[copy_] CUDA copies support up to ", kMaxDims,
+            " dimensions, got ", dst.dim());
+  StridedIndex ix{};
+  ix.nd = static_cast<int>(dst.dim());
+  for (int k = 0; k < ix.nd; ++k) {
+    ix.size[k] = dst.shape()[k];
+    ix.dst_stride[k] = dst.strides()[k];
+    ix.src_stride[k] = src ? src->strides()[k] : 0;
+  }
+  return ix;
+}
+
+}  // namespace
+
+void copy_same_device(const Tensor& dst, const Tensor& src) {
+  const int dev = dst.device().index;
+  cuda::DeviceGuard guard(dev);
+  cudaStream_t s = cuda::stream(dev);
+  const int64_t n = dst.numel();
+  if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+    FFN_CHECK_CUDA(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(),
+                                   cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  const bool contiguous = dst.is_contiguous() && src.is_contiguous();
+  const StridedIndex ix = make_index(dst, &src);
+  FFN_DISPATCH_ALL(dst.dtype(), "copy_", [&]<class D>() {
+    FFN_DISPATCH_ALL(src.dtype(), "copy_", [&]<class S>() {
+      using DD = cuda::device_t<D>;
+      using SS = cuda::device_t<S>;
+      auto* d = static_cast<DD*>(dst.data_ptr());
+      auto* p = static_cast<const SS*>(src.data_ptr());
+      if (contiguous)
+        contiguous_copy_kernel<DD, SS><<<cuda::grid_for(n, 256), 256, 0, s>>>(d, p, n);
+      else
+        strided_copy_kernel<DD, SS><<<cuda::grid_for(n, 256), 256, 0, s>>>(d, p, n, ix);
+      FFN_CHECK_LAUNCH();
+    });
+  });
+}
+
+void fill(const Tensor& dst, double value) {
+  const int dev = dst.device().index;
+  cuda::DeviceGuard guard(dev);
+  const int64_t n = dst.numel();
+  const StridedIndex ix = make_index(dst, nullptr);
+  FFN_DISPATCH_ALL(dst.dtype(), "fill_", [&]<class T>() {
+    using DT = cuda::device_t<T>;
+    const T host_v = detail::cast_value<T>(value);
+    DT v;
+    static_assert(sizeof(DT) == sizeof(T));
+    memcpy(&v, &host_v, sizeof(T));
+    fill_kernel<DT><<<cuda::grid_for(n, 256), 256, 0, cuda::stream(dev)>>>(
+        static_cast<DT*>(dst.data_ptr()), n, ix, v);
+    FFN_CHECK_LAUNCH();
+  });
+}
+
+void axpy(const Tensor& dst, const Tensor& src, double alpha) {
+  const int dev = dst.device().index;
+  cuda::DeviceGuard guard(dev);
+  const int64_t n = dst.numel();
+  FFN_DISPATCH_ALL(dst.dtype(), "add_", [&]<class T>() {
+    using DT = cuda::device_t<T>;
+    axpy_kernel<DT><<<cuda::grid_for(n, 256), 256, 0, cuda::stream(dev)>>>(
+        static_cast<DT*>(dst.data_ptr()), static_cast<const DT*>(src.data_ptr()), n, alpha);
+    FFN_CHECK_LAUNCH();
+  });
+}
+
+void memcpy_between(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (dst_dev.is_cuda() && src_dev.is_cuda()) {
+    cuda::synchronize(src_dev.index);
+    FFN_CHECK_CUDA(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, nbytes,
+                                       cuda::stream(dst_dev.index)));
+    cuda::synchronize(dst_dev.index);
+    return;
+  }
+  const int dev = dst_dev.is_cuda() ? dst_dev.index : src_dev.index;
+  cuda::DeviceGuard guard(dev);
+  const cudaMemcpyKind kind = dst_dev.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  FFN_CHECK_CUDA(cudaMemcpyAsync(dst, src, nbytes, kind, cuda::stream(dev)));
+  // Host memory is pageable and may be freed right after: wait for the transfer.
+  cuda::synchronize(dev);
+}
+
+}  // namespace ffn::cuda_copy

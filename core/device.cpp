@@ -1,0 +1,59 @@
+// core/device.cpp — device names and GPU discovery.
+#include "core/device.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+#if FFN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace ffn {
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+
+Device Device::parse(const std::string& s) {
+  if (s == "cpu") return cpu();
+  if (s == "cuda") return cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    const std::string num = s.substr(5);
+    char* end = nullptr;
+    const long i = std::strtol(num.c_str(), &end, 10);
+    if (!num.empty() && end && *end == '\0' && i >= 0 && i < 1024) return cuda(static_cast<int>(i));
+  }
+  FFN_THROW("[device] cannot parse device '", s, "' (expected cpu, cuda or cuda:N)");
+}
+
+bool built_with_cuda() { return FFN_WITH_CUDA != 0; }
+
+int cuda_device_count() {
+#if FFN_WITH_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+std::string cuda_unavailable_reason() {
+#if FFN_WITH_CUDA
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no usable GPU (") + cudaGetErrorString(e) + ")";
+  }
+  return n > 0 ? std::string("CUDA is available") : std::string("no GPU was found");
+#else
+  return "fused-ffn was built without CUDA (no nvcc found at configure time)";
+#endif
+}
+
+}  // namespace ffn

@@ -1,0 +1,31 @@
+// core/device.h — where a tensor lives: the host ("cpu") or one GPU ("cuda:N").
+#pragma once
+
+#include <string>
+
+namespace ffn {
+
+enum class DeviceKind : uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+
+  static Device cpu() { return {DeviceKind::cpu, 0}; }
+  static Device cuda(int i = 0) { return {DeviceKind::cuda, i}; }
+  bool is_cpu() const { return kind == DeviceKind::cpu; }
+  bool is_cuda() const { return kind == DeviceKind::cuda; }
+  bool operator==(const Device&) const = default;
+  std::string str() const;
+  // Parses "cpu", "cuda" (= cuda:0) or "cuda:N".
+  static Device parse(const std::string& s);
+};
+
+// True when fused-ffn was compiled with its CUDA backend.
+bool built_with_cuda();
+// Number of usable GPUs; 0 in a CPU-only build or when no driver/GPU answers.
+int cuda_device_count();
+// The reason cuda_device_count() is 0, for messages ("built without CUDA", driver error text).
+std::string cuda_unavailable_reason();
+
+}  // namespace ffn

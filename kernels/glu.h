@@ -1,0 +1,38 @@
+// kernels/glu.h — the fused middle of gated FFNs (GEGLU, SwiGLU), forward and backward.
+//
+// z = x·Wᵀ is [M, 2h] (fc1's GEMM output without bias), b is [2h] (optional).
+// With [v | g] = z + b split down the middle (value first, gate second):
+//   forward:  out = dropout(v ⊙ act(g))                              [M, h]
+//   backward: dz  = [dv | dg], dv = s ⊙ act(g),  dg = s ⊙ v ⊙ act'(g),
+//             where s = dout ⊙ mask·1/(1-p)                          [M, 2h] (=)
+//             db  = Σ_rows dz                                         [2h] (=, optional)
+//             out = forward recomputed (fc2's input for dW2)          [M, h] (=, optional)
+// dz is one concatenated buffer so dW = dzᵀ·x is a single GEMM. GEGLU uses
+// act = gelu_tanh (or gelu_erf), SwiGLU act = silu.
+#pragma once
+
+#include "core/philox.h"
+#include "core/tensor.h"
+#include "kernels/activation.h"
+
+namespace ffn {
+
+void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
+                      Tensor& out);
+void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+                        const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out);
+
+namespace cpu {
+void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
+                      Tensor& out);
+void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+                        const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out);
+}  // namespace cpu
+namespace cuda {
+void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
+                      Tensor& out);
+void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+                        const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out);
+}  // namespace cuda
+
+}  // namespace ffn

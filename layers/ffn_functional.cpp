@@ -1,0 +1,125 @@
+// layers/ffn_functional.cpp — the FFN block's forward and backward on the fused kernels.
+#include "layers/ffn_functional.h"
+
+#include "kernels/bias_dropout.h"
+#include "kernels/bias_gelu_dropout.h"
+#include "kernels/gemm.h"
+#include "kernels/glu.h"
+
+namespace ffn {
+
+namespace {
+int64_t z_width(const Tensor& x, const FfnParams& p) { return p.w1.defined() ? p.w1.size(0) : x.size(1); }
+int64_t hidden_width(const Tensor& x, const FfnParams& p, const FfnConfig& cfg) {
+  return cfg.gated ? z_width(x, p) / 2 : z_width(x, p);
+}
+void check_param(const Tensor& t, const Tensor& x, const Shape& shape, const char* name) {
+  check_shape(t, shape, "ffn", name);
+  check_same_device(t, x, "ffn", name, "x");
+  check_same_dtype(t, x, "ffn", name, "x");
+}
+}  // namespace
+
+void ffn_check(const Tensor& x, const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d) {
+  check_defined(x, "ffn", "x");
+  check_dim(x, 2, "ffn", "x");
+  if (p.w1.defined()) {
+    check_dim(p.w1, 2, "ffn", "w1");
+    FFN_CHECK(p.w1.size(1) == x.size(1), "[ffn] x.shape[-1]=", x.size(1),
+              " != w1.shape[1]=", p.w1.size(1), " (in_features)");
+    check_param(p.w1, x, p.w1.shape(), "w1");
+  }
+  const int64_t h1 = z_width(x, p);
+  FFN_CHECK(!cfg.gated || h1 % 2 == 0, "[ffn] gated FFN needs an even fc1 width, got ", h1);
+  if (p.b1.defined()) check_param(p.b1, x, {h1}, "b1");
+  const int64_t h = hidden_width(x, p, cfg);
+  if (p.w2.defined()) {
+    check_dim(p.w2, 2, "ffn", "w2");
+    FFN_CHECK(p.w2.size(1) == h, "[ffn] w2.shape=", shape_str(p.w2.shape()),
+              " but the hidden width is ", h);
+    check_param(p.w2, x, p.w2.shape(), "w2");
+    if (p.b2.defined()) check_param(p.b2, x, {p.w2.size(0)}, "b2");
+  } else {
+    FFN_CHECK(!p.b2.defined(), "[ffn] b2 given without w2");
+    FFN_CHECK(!d.out.active(), "[ffn] output dropout needs w2");
+  }
+}
+
+FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg,
+                       const FfnDropout& d) {
+  ffn_check(x, p, cfg, d);
+  const int64_t m = x.size(0);
+  const Tensor z = p.w1.defined() ? matmul(x, p.w1, {.trans_b = true}) : x;
+  Tensor hd = Tensor::empty({m, hidden_width(x, p, cfg)}, x.dtype(), x.device());
+  if (cfg.gated) bias_glu_dropout(z, p.b1, cfg.act, d.hidden, hd);
+  else bias_gelu_dropout(z, p.b1, cfg.act, d.hidden, hd);
+
+  FfnForward out;
+  if (p.w1.defined() && !cfg.recompute) out.z = z;
+  if (!p.w2.defined()) {
+    out.y = hd;
+    return out;
+  }
+  if (d.out.active()) {
+    const Tensor z2 = matmul(hd, p.w2, {.trans_b = true});
+    out.y = Tensor::empty(z2.shape(), x.dtype(), x.device());
+    bias_dropout(z2, p.b2, d.out, out.y);
+  } else {
+    out.y = matmul(hd, p.w2, {.trans_b = true, .bias = p.b2});
+  }
+  return out;
+}
+
+FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& z_saved, const FfnParams& p,
+                      const FfnConfig& cfg, const FfnDropout& d, bool need_dx) {
+  ffn_check(x, p, cfg, d);
+  const int64_t m = x.size(0), h1 = z_width(x, p), h = hidden_width(x, p, cfg);
+  const Shape y_shape{m, p.w2.defined() ? p.w2.size(0) : h};
+  check_shape(dy, y_shape, "ffn_backward", "dy");
+  check_same_device(dy, x, "ffn_backward", "dy", "x");
+  check_same_dtype(dy, x, "ffn_backward", "dy", "x");
+  FfnGrads g;
+
+  // fc2: dz2 = dropout_o'(dy), db2 fused into the same pass; dhd = dz2 · W2.
+  Tensor dz2 = dy, dhd = dy;
+  if (p.w2.defined()) {
+    if (p.b2.defined()) g.db2 = Tensor::empty({y_shape[1]}, x.dtype(), x.device());
+    if (d.out.active()) {
+      dz2 = Tensor::empty(y_shape, x.dtype(), x.device());
+      dropout_dbias(dy, d.out, &dz2, p.b2.defined() ? &g.db2 : nullptr);
+    } else if (p.b2.defined()) {
+      bias_grad(dy, g.db2);
+    }
+    dhd = matmul(dz2, p.w2);
+  }
+
+  // The fused middle: dz and db1 in one pass, recomputing hd for dW2 on the way.
+  Tensor z = x;
+  if (p.w1.defined()) {
+    if (z_saved.defined()) {
+      check_shape(z_saved, {m, h1}, "ffn_backward", "saved z");
+      z = z_saved;
+    } else {
+      FFN_CHECK(cfg.recompute, "[ffn_backward] z was not saved and recompute is off");
+      z = matmul(x, p.w1, {.trans_b = true});
+    }
+  }
+  Tensor dz = Tensor::empty({m, h1}, x.dtype(), x.device());
+  if (p.b1.defined()) g.db1 = Tensor::empty({h1}, x.dtype(), x.device());
+  Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
+  Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;
+  Tensor* hd_out = hd.defined() ? &hd : nullptr;
+  if (cfg.gated) dropout_dglu_dbias(dhd, z, p.b1, cfg.act, d.hidden, dz, db1, hd_out);
+  else dropout_dgelu_dbias(dhd, z, p.b1, cfg.act, d.hidden, dz, db1, hd_out);
+
+  if (p.w2.defined()) g.dw2 = matmul(dz2, hd, {.trans_a = true});
+  if (p.w1.defined()) {
+    g.dw1 = matmul(dz, x, {.trans_a = true});
+    if (need_dx) g.dx = matmul(dz, p.w1);
+  } else if (need_dx) {
+    g.dx = dz;
+  }
+  return g;
+}
+
+}  // namespace ffn

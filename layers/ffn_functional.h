@@ -1,0 +1,61 @@
+// layers/ffn_functional.h — the fused FFN block as two tensor-level functions.
+//
+// FeedForward, GatedFeedForward and the benchmarks all run these, so what is
+// timed is what users train with. With x: [M, d] (callers flatten leading dims):
+//   z  = x · W1ᵀ                                   [M, H1]  (H1 = h, or 2h when gated)
+//   hd = dropout_h(act(z + b1))                    plain   (bias_gelu_dropout)
+//   hd = dropout_h(v ⊙ act(g)), [v | g] = z + b1   gated   (bias_glu_dropout)
+//   y  = dropout_o(hd · W2ᵀ + b2)                  [M, d_out]
+// Any of b1, W2, b2 may be absent; without W1 the input is z itself (x = z),
+// which is the `welder_fc2` workload. Without W2, y = hd (the `geglu_*` workloads).
+//
+// Note [FFN saved state]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Between forward and backward the block keeps x (its input, owned by the
+// caller), z (unless recompute is on or W1 is absent) and the two DropoutSpecs.
+// Never the mask, never hd or the activation: backward regenerates the mask
+// from the specs and recomputes hd from z in the same kernel that computes dz
+// and db1 (dropout_dgelu_dbias / dropout_dglu_dbias).
+#pragma once
+
+#include "core/philox.h"
+#include "core/tensor.h"
+#include "kernels/activation.h"
+
+namespace ffn {
+
+struct FfnParams {
+  Tensor w1, b1, w2, b2;  // w1: [H1, d], b1: [H1], w2: [d_out, h], b2: [d_out]; each optional
+};
+
+struct FfnConfig {
+  Activation act = Activation::gelu_erf;
+  bool gated = false;      // GEGLU / SwiGLU: W1 has 2h rows, value half first
+  bool recompute = false;  // save nothing but x; recompute z = x·W1ᵀ in backward
+};
+
+struct FfnDropout {
+  DropoutSpec hidden;  // on hd
+  DropoutSpec out;     // on y (needs W2)
+};
+
+struct FfnForward {
+  Tensor y;
+  Tensor z;  // the saved activation; undefined with recompute or without W1
+};
+
+struct FfnGrads {
+  Tensor dx, dw1, db1, dw2, db2;  // undefined where the matching input is absent / not needed
+};
+
+// Validates shapes, dtypes and devices of x and params (errors name the tensor and shapes).
+void ffn_check(const Tensor& x, const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d);
+
+FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg,
+                       const FfnDropout& d);
+
+// `z` is FfnForward::z (undefined when it was not saved). need_dx = false skips dx.
+FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& z, const FfnParams& p,
+                      const FfnConfig& cfg, const FfnDropout& d, bool need_dx = true);
+
+}  // namespace ffn

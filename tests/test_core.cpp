@@ -1,0 +1,210 @@
+// tests/test_core.cpp — dtypes, Philox and the dropout mask, tensors and views, autograd.
+#include <cmath>
+#include <limits>
+
+#include "core/autograd.h"
+#include "core/generator.h"
+#include "layers/functional.h"
+#include "tests/test_util.h"
+
+using namespace ffn;
+using ffn::test::gpu_available;
+
+TEST_CASE("dtype bf16 and f16 conversions round to nearest even") {
+  // Exactly representable values survive.
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 0.000061035156f /* 2^-14 */})
+    CHECK(static_cast<float>(f16(v)) == v);
+  for (float v : {0.0f, 1.0f, -3.0f, 0x1p100f}) CHECK(static_cast<float>(bf16(v)) == v);
+  // Ties go to even: 1 + 2^-11 lies between 1 and 1 + 2^-10 in f16 -> 1.
+  CHECK(f16(1.0f + 0.00048828125f).bits == 0x3c00);
+  CHECK(f16(1.0f + 3 * 0.00048828125f).bits == 0x3c02);
+  // bf16: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> 1; 1 + 3·2^-8 -> 1 + 2^-6.
+  CHECK(bf16(1.0f + 0.00390625f).bits == 0x3f80);
+  CHECK(bf16(1.0f + 3 * 0.00390625f).bits == 0x3f82);
+  // f16 overflow, subnormals, specials.
+  CHECK(f16(65520.0f).bits == 0x7c00);
+  CHECK(f16(65519.0f).bits == 0x7bff);
+  CHECK(f16(5.9604645e-08f).bits == 0x0001);  // 2^-24, the smallest subnormal
+  CHECK(static_cast<float>(f16(f16_bits_to_float(0x0001))) == 5.9604645e-08f);
+  CHECK(f16(2.0e-8f).bits == 0x0000);
+  CHECK(std::isnan(static_cast<float>(f16(std::nanf("")))));
+  CHECK(std::isnan(static_cast<float>(bf16(std::nanf("")))));
+  CHECK(std::isinf(static_cast<float>(bf16(std::numeric_limits<float>::infinity()))));
+  CHECK(f16(-0.0f).bits == 0x8000);
+  // Every f16 bit pattern round-trips through float.
+  int bad = 0;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float v = f16_bits_to_float(static_cast<uint16_t>(b));
+    if (std::isnan(v)) continue;
+    bad += f16(v).bits != b;
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("dtype names parse and print") {
+  CHECK(parse_dtype("bf16") == DType::bf16);
+  CHECK(parse_dtype("float32") == DType::f32);
+  CHECK(std::string(dtype_name(DType::f16)) == "f16");
+  CHECK_THROWS_WITH_AS(parse_dtype("int8"), doctest::Contains("[dtype] unknown dtype 'int8'"), Error);
+}
+
+TEST_CASE("philox4x32-10 matches Random123 known-answer vectors") {
+  auto run = [](U32x4 c, uint32_t k0, uint32_t k1) { return philox4x32_10(c, k0, k1); };
+  U32x4 r = run({{0, 0, 0, 0}}, 0, 0);
+  CHECK(r.v[0] == 0x6627e8d5u);
+  CHECK(r.v[1] == 0xe169c58du);
+  CHECK(r.v[2] == 0xbc57ac4cu);
+  CHECK(r.v[3] == 0x9b00dbd8u);
+  r = run({{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  CHECK(r.v[0] == 0x408f276du);
+  CHECK(r.v[1] == 0x41c83b0eu);
+  CHECK(r.v[2] == 0xa20bc7c6u);
+  CHECK(r.v[3] == 0x6d5451fdu);
+  r = run({{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+  CHECK(r.v[0] == 0xd16cfe09u);
+  CHECK(r.v[1] == 0x94fdccebu);
+  CHECK(r.v[2] == 0x5001e420u);
+  CHECK(r.v[3] == 0x24126ea1u);
+}
+
+TEST_CASE("dropout mask: keep rate, determinism, offsets, p = 0 and p = 1") {
+  const int64_t n = 1000000;
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    const DropoutSpec d{p, 42, 7};
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; ++i) kept += d.keep(static_cast<uint64_t>(i));
+    const double mean = n * (1.0 - p), sigma = std::sqrt(n * p * (1.0 - p));
+    INFO("p=", p, " kept=", kept, " expected=", mean, " sigma=", sigma);
+    CHECK(std::fabs(static_cast<double>(kept) - mean) <= 4 * sigma);
+  }
+  const DropoutSpec a{0.5f, 42, 7}, b{0.5f, 42, 7}, c{0.5f, 42, 8}, e{0.5f, 43, 7};
+  int64_t same_ab = 0, same_ac = 0, same_ae = 0;
+  for (int64_t i = 0; i < 100000; ++i) {
+    same_ab += a.keep(i) == b.keep(i);
+    same_ac += a.keep(i) == c.keep(i);
+    same_ae += a.keep(i) == e.keep(i);
+  }
+  CHECK(same_ab == 100000);
+  // Independent masks agree on about half the entries.
+  CHECK(same_ac > 49000);
+  CHECK(same_ac < 51000);
+  CHECK(same_ae > 49000);
+  CHECK(same_ae < 51000);
+  const DropoutSpec zero{0.0f, 1, 1}, one{1.0f, 1, 1};
+  bool all_kept = true, none_kept = true;
+  for (int64_t i = 0; i < 100000; ++i) {
+    all_kept = all_kept && zero.keep(i);
+    none_kept = none_kept && !one.keep(i);
+  }
+  CHECK(all_kept);
+  CHECK(none_kept);
+  CHECK(one.scale() == 0.0f);
+  CHECK(zero.scale() == 1.0f);
+  // Generator hands out a new offset per call.
+  Generator g(5);
+  const DropoutSpec d1 = g.dropout(0.1f), d2 = g.dropout(0.1f);
+  CHECK(d1.offset != d2.offset);
+  CHECK(d1.seed == d2.seed);
+}
+
+TEST_CASE("tensor shapes, strides, views and copies") {
+  Generator g(1);
+  Tensor t = Tensor::from_vector({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4}, DType::f64);
+  CHECK(t.strides() == Shape{4, 1});
+  CHECK(t.is_contiguous());
+  CHECK(t.size(-1) == 4);
+  CHECK(t.reshape({2, -1}).shape() == Shape{2, 6});
+  CHECK(t.reshape({2, -1}).storage() == t.storage());  // a view
+  const Tensor rows = t.slice_rows(1, 3);
+  CHECK(rows.to_vector() == std::vector<double>{4, 5, 6, 7, 8, 9, 10, 11});
+  const auto halves = t.chunk(2, -1);
+  CHECK(!halves[1].is_contiguous());
+  CHECK(halves[1].to_vector() == std::vector<double>{2, 3, 6, 7, 10, 11});
+  const Tensor hc = halves[1].contiguous();
+  CHECK(hc.is_contiguous());
+  CHECK(hc.storage() != t.storage());
+  CHECK(hc.to_vector() == std::vector<double>{2, 3, 6, 7, 10, 11});
+  // Reshape of a strided view copies.
+  CHECK(halves[0].reshape({6}).to_vector() == std::vector<double>{0, 1, 4, 5, 8, 9});
+  // 3-D view_2d.
+  Tensor t3 = Tensor::zeros({2, 3, 5});
+  CHECK(t3.view_2d().shape() == Shape{6, 5});
+  CHECK(Tensor::zeros({0, 5}).view_2d().shape() == Shape{0, 5});
+  // dtype casts round-trip through bf16 with bf16 precision.
+  Tensor r = Tensor::randn({1000}, g, DType::f32);
+  const Tensor back = r.to(DType::bf16).to(DType::f32);
+  CHECK(ffn::test::max_abs_diff(back, r) <= 0.02);
+  CHECK(ffn::test::max_abs_diff(back, r) > 0.0);
+  // copy_ into a strided destination.
+  Tensor dst = Tensor::zeros({3, 4}, DType::f32);
+  dst.chunk(2, -1)[0].copy_(Tensor::full({3, 2}, 7.0, DType::f64));
+  CHECK(dst.to_vector() == std::vector<double>{7, 7, 0, 0, 7, 7, 0, 0, 7, 7, 0, 0});
+  // add_
+  Tensor acc = Tensor::full({4}, 1.0);
+  acc.add_(Tensor::full({4}, 2.0), 0.5);
+  CHECK(acc.to_vector() == std::vector<double>{2, 2, 2, 2});
+  // 64-bit sizes: shape arithmetic does not overflow 32 bits.
+  CHECK(shape_numel({65536, 65536}) == (int64_t{1} << 32));
+}
+
+TEST_CASE("tensor errors name the op and the values") {
+  Tensor t = Tensor::zeros({3, 4});
+  CHECK_THROWS_WITH_AS(t.reshape({5, 2}), doctest::Contains("[reshape] cannot reshape [3, 4]"), Error);
+  CHECK_THROWS_WITH_AS(t.narrow(1, 2, 3), doctest::Contains("[narrow] range [2, 5) out of bounds"), Error);
+  CHECK_THROWS_WITH_AS(t.data<double>(), doctest::Contains("data<f64>() on a tensor of dtype f32"), Error);
+  CHECK_THROWS_WITH_AS(t.chunk(3, -1), doctest::Contains("[chunk] dim -1 of size 4"), Error);
+  CHECK_THROWS_WITH_AS(Tensor::empty({2, -1}), doctest::Contains("negative dimension"), Error);
+  CHECK_THROWS_WITH_AS(Device::parse("gpu0"), doctest::Contains("[device] cannot parse device 'gpu0'"), Error);
+  CHECK(Device::parse("cuda:3") == Device::cuda(3));
+  Tensor a = Tensor::zeros({4}), b = Tensor::zeros({5});
+  CHECK_THROWS_WITH_AS(a.add_(b), doctest::Contains("[add_] shape mismatch: self [4] vs other [5]"), Error);
+  // The location follows the message.
+  try {
+    t.reshape({7});
+    FAIL("no throw");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("tensor.cpp") != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda tensors without a GPU fail clearly" * doctest::skip(gpu_available())) {
+  CHECK_THROWS_WITH_AS(Tensor::zeros({2}, DType::f32, Device::cuda(0)), doctest::Contains("CUDA"), Error);
+}
+
+TEST_CASE("autograd sums gradients, guards reuse and honours no_grad") {
+  Var x(Tensor::from_vector({1, 2, 3}, {3}, DType::f64), true, "x");
+  // A value used twice gets both contributions.
+  Var y = fn::add(x, x);
+  y.backward(Tensor::full({3}, 1.0, DType::f64));
+  CHECK(x.grad().to_vector() == std::vector<double>{2, 2, 2});
+  // Leaves accumulate across backward calls until zero_grad.
+  Var y2 = fn::add(x, x);
+  y2.backward(Tensor::full({3}, 0.5, DType::f64));
+  CHECK(x.grad().to_vector() == std::vector<double>{3, 3, 3});
+  x.zero_grad();
+  CHECK(!x.grad().defined());
+  // Backward twice through freed context is an error.
+  CHECK_THROWS_WITH_AS(y.backward(Tensor::full({3}, 1.0, DType::f64)),
+                       doctest::Contains("[backward] 'add' already ran backward"), Error);
+  // A non-scalar output needs an explicit seed.
+  Var y3 = fn::add(x, x);
+  CHECK_THROWS_WITH_AS(y3.backward(), doctest::Contains("non-scalar output of shape [3]"), Error);
+  CHECK_THROWS_WITH_AS(y3.backward(Tensor::full({4}, 1.0, DType::f64)),
+                       doctest::Contains("[backward] d_out.shape=[4] but expected [3]"), Error);
+  // Under no_grad nothing is recorded.
+  {
+    NoGradGuard ng;
+    Var y4 = fn::add(x, x);
+    CHECK(!y4.requires_grad());
+    CHECK(!y4.grad_fn());
+  }
+  CHECK(grad_enabled());
+  Var c(Tensor::zeros({3}, DType::f64), false);
+  CHECK_THROWS_WITH_AS(fn::add(c, c).backward(Tensor::zeros({3}, DType::f64)),
+                       doctest::Contains("does not require grad"), Error);
+  // Diamond: z = (x + x) + x reaches x three times.
+  Var x2(Tensor::from_vector({1}, {1}, DType::f64), true);
+  Var z = fn::add(fn::add(x2, x2), x2);
+  z.backward();
+  CHECK(x2.grad().item() == 3.0);
+}

@@ -1,0 +1,186 @@
+// tests/test_layers.cpp — layers: finite-difference gradients, saved state, errors, training.
+#include <cmath>
+
+#include "layers/layers.h"
+#include "optim/sgd.h"
+#include "tests/test_util.h"
+
+using namespace ffn;
+using ffn::test::gradcheck_vars;
+using ffn::test::rand64;
+
+namespace {
+
+const ParamInit kF64{DType::f64, Device::cpu()};
+
+// (input shape, hidden) pairs covering DESIGN.md's gradient-check shapes.
+struct Case {
+  Shape x;
+  int64_t hidden;
+};
+const Case kCases[] = {{{1, 1}, 1}, {{7, 13}, 6}, {{129, 257}, 5}, {{3, 5, 7}, 4}};
+
+std::vector<Var> with_input(const Module& m, const Var& x) {
+  std::vector<Var> v{x};
+  for (const Var& p : m.parameters()) v.push_back(p);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("Linear passes finite-difference checks with and without bias") {
+  Generator g(21);
+  for (const Case& c : kCases)
+    for (bool bias : {true, false}) {
+      CAPTURE(shape_str(c.x));
+      CAPTURE(bias);
+      Linear lin({.in_features = c.x.back(), .out_features = c.hidden + 2, .bias = bias, .place = kF64}, g);
+      Var x(rand64(c.x, g), true, "x");
+      gradcheck_vars([&]() { return lin.forward(x); }, with_input(lin, x));
+    }
+}
+
+TEST_CASE("Dropout layer: gradients, eval mode, fresh masks, bad p") {
+  auto rng = std::make_shared<Generator>(22);
+  Dropout drop(0.4f, rng);
+  Generator g(23);
+  for (const Case& c : kCases) {
+    Var x(rand64(c.x, g), true, "x");
+    gradcheck_vars([&]() { rng->set_offset(0); return drop.forward(x); }, {x});
+  }
+  Var x(Tensor::full({64, 64}, 1.0, DType::f64), false);
+  const auto a = drop.forward(x).value().to_vector(), b = drop.forward(x).value().to_vector();
+  CHECK(a != b);  // two calls, two masks
+  drop.eval();
+  CHECK(drop.forward(x).value().to_vector() == x.value().to_vector());
+  CHECK_THROWS_WITH_AS(Dropout(-0.1f, rng), doctest::Contains("[dropout] p must be in [0, 1], got -0.1"), Error);
+  CHECK_THROWS_WITH_AS(Dropout(1.5f, rng), doctest::Contains("got 1.5"), Error);
+}
+
+TEST_CASE("FeedForward passes finite-difference checks (GELU erf/tanh, dropout on/off, recompute)") {
+  Generator g(24);
+  for (const Case& c : kCases)
+    for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh})
+      for (float p : {0.0f, 0.3f})
+        for (bool recompute : {false, true}) {
+          CAPTURE(shape_str(c.x));
+          CAPTURE(activation_name(act));
+          CAPTURE(p);
+          CAPTURE(recompute);
+          auto rng = std::make_shared<Generator>(25);
+          FeedForward ffn({.d_model = c.x.back(), .hidden = c.hidden, .act = act, .dropout = p,
+                           .out_dropout = p / 2, .recompute = recompute, .place = kF64},
+                          rng);
+          Var x(rand64(c.x, g), true, "x");
+          gradcheck_vars([&]() { rng->set_offset(100); return ffn.forward(x); }, with_input(ffn, x));
+        }
+}
+
+TEST_CASE("GatedFeedForward passes finite-difference checks (GEGLU, SwiGLU, recompute)") {
+  Generator g(26);
+  for (const Case& c : kCases)
+    for (Activation act : {Activation::gelu_tanh, Activation::silu})
+      for (bool recompute : {false, true}) {
+        CAPTURE(shape_str(c.x));
+        CAPTURE(activation_name(act));
+        CAPTURE(recompute);
+        auto rng = std::make_shared<Generator>(27);
+        GatedFeedForward ffn({.d_model = c.x.back(), .hidden = c.hidden, .act = act, .dropout = 0.2f,
+                              .recompute = recompute, .place = kF64},
+                             rng);
+        Var x(rand64(c.x, g), true, "x");
+        gradcheck_vars([&]() { rng->set_offset(100); return ffn.forward(x); }, with_input(ffn, x));
+      }
+}
+
+TEST_CASE("FeedForward keeps only z between forward and backward") {
+  auto rng = std::make_shared<Generator>(28);
+  Generator g(29);
+  for (bool gated : {false, true})
+    for (bool recompute : {false, true}) {
+      FeedForward ffn({.d_model = 16, .hidden = 24, .gated = gated, .dropout = 0.1f,
+                       .recompute = recompute, .place = kF64},
+                      rng);
+      Var x(rand64({10, 16}, g), true);
+      Var y = ffn.forward(x);
+      const size_t expect = recompute ? 0 : size_t{10} * (gated ? 48 : 24) * sizeof(double);
+      CHECK(y.grad_fn()->saved_bytes() == expect);
+    }
+  // Recompute changes memory, not results.
+  FeedForward a({.d_model = 8, .hidden = 12, .dropout = 0.3f, .place = kF64}, std::make_shared<Generator>(1));
+  FeedForward b({.d_model = 8, .hidden = 12, .dropout = 0.3f, .recompute = true, .place = kF64},
+                std::make_shared<Generator>(1));
+  Var x(rand64({5, 8}, g), true);
+  const Tensor dy = rand64({5, 8}, g);
+  a.forward(x).backward(dy);
+  const Tensor dxa = x.grad().clone();
+  x.zero_grad();
+  b.forward(x).backward(dy);
+  CHECK(ffn::test::max_abs_diff(x.grad(), dxa) == 0.0);
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  REQUIRE(pa.size() == 4);
+  CHECK(pa[0].first == "fc1.weight");
+  CHECK(pa[3].first == "fc2.bias");
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(ffn::test::max_abs_diff(pa[i].second.grad(), pb[i].second.grad()) == 0.0);
+}
+
+TEST_CASE("layers reject mismatched inputs with the layer name and both shapes") {
+  auto rng = std::make_shared<Generator>(30);
+  FeedForward ffn({.d_model = 7, .hidden = 3, .place = kF64}, rng);
+  Var bad(Tensor::zeros({3, 5}, DType::f64));
+  CHECK_THROWS_WITH_AS(ffn.forward(bad),
+                       doctest::Contains("[feed_forward] x.shape[-1]=5 != d_model=7 (x.shape=[3, 5])"), Error);
+  Var f32(Tensor::zeros({3, 7}, DType::f32));
+  CHECK_THROWS_WITH_AS(ffn.forward(f32),
+                       doctest::Contains("[feed_forward] dtype mismatch: x is f32 but weight is f64"), Error);
+  Generator g(31);
+  Linear lin({.in_features = 4, .out_features = 2, .place = kF64}, g);
+  CHECK_THROWS_WITH_AS(lin.forward(Var(Tensor::zeros({2, 3}, DType::f64))),
+                       doctest::Contains("[linear] x.shape[-1]=3 != in_features=4"), Error);
+  CHECK_THROWS_WITH_AS(FeedForward({.d_model = 0, .hidden = 3}, rng),
+                       doctest::Contains("[feed_forward] d_model=0 and hidden=3 must be > 0"), Error);
+  CHECK_THROWS_WITH_AS(FeedForward({.d_model = 4, .hidden = 3, .dropout = -0.5f}, rng),
+                       doctest::Contains("dropout must be in [0, 1], got -0.5"), Error);
+  GatedFeedForward gl({.d_model = 4, .hidden = 3, .place = kF64}, rng);
+  CHECK_THROWS_WITH_AS(gl.forward(bad), doctest::Contains("[gated_feed_forward] x.shape[-1]=5 != d_model=4"), Error);
+  // A zero-row batch is valid and produces an empty output.
+  Var empty(Tensor::zeros({0, 7}, DType::f64), true);
+  Var y = ffn.forward(empty);
+  CHECK(y.shape() == Shape{0, 7});
+}
+
+FFN_GPU_TEST("layers reject inputs on another device") {
+  auto rng = std::make_shared<Generator>(32);
+  FeedForward ffn({.d_model = 4, .hidden = 3}, rng);
+  Var x(Tensor::zeros({2, 4}, DType::f32, Device::cuda(0)));
+  CHECK_THROWS_WITH_AS(ffn.forward(x),
+                       doctest::Contains("[feed_forward] device mismatch: x is on cuda:0 but weight is on cpu"), Error);
+}
+
+TEST_CASE("an FFN regression on the CPU trains: loss falls at least 10x") {
+  // A student FFN learns a fixed random teacher FFN with SGD + momentum.
+  auto rng = std::make_shared<Generator>(33);
+  Generator data(34);
+  const FeedForwardOptions opt{.d_model = 16, .hidden = 64, .act = Activation::gelu_tanh};
+  FeedForward teacher(opt, rng), student(opt, rng);
+  const Tensor x = Tensor::randn({256, 16}, data);
+  Tensor target;
+  {
+    NoGradGuard ng;
+    target = teacher.forward(Var(x)).value();
+  }
+  SGD sgd(student.parameters(), {.lr = 0.05, .momentum = 0.9});
+  double first = 0, last = 0;
+  for (int step = 0; step < 400; ++step) {
+    sgd.zero_grad();
+    Var loss = fn::mse_loss(student.forward(Var(x)), target);
+    loss.backward();
+    sgd.step();
+    const double l = loss.value().item();
+    REQUIRE(std::isfinite(l));
+    if (step == 0) first = l;
+    last = l;
+  }
+  INFO("first loss ", first, ", last loss ", last);
+  CHECK(last * 10 <= first);
+}

@@ -1,0 +1,155 @@
+// tests/test_util.cpp — comparisons and the finite-difference gradient check.
+#include "tests/test_util.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace ffn::test {
+
+bool gpu_available() {
+  static const bool ok = cuda_device_count() > 0;
+  return ok;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double m = 0;
+  for (size_t i = 0; i < va.size(); ++i) m = std::max(m, std::fabs(va[i] - vb[i]));
+  return m;
+}
+
+double rel_l2(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    num += (va[i] - vb[i]) * (va[i] - vb[i]);
+    den += vb[i] * vb[i];
+  }
+  if (den == 0) return num == 0 ? 0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+void check_close(const Tensor& actual, const Tensor& expected, double atol, double rtol,
+                 const std::string& what) {
+  REQUIRE_MESSAGE(actual.shape() == expected.shape(), what, ": shape ", shape_str(actual.shape()),
+                  " vs ", shape_str(expected.shape()));
+  const auto va = actual.to_vector(), ve = expected.to_vector();
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    const double lim = atol + rtol * std::fabs(ve[i]);
+    const double err = std::fabs(va[i] - ve[i]);
+    if (!(err <= lim)) {  // also catches NaN
+      ++bad;
+      const double excess = std::isnan(err) ? INFINITY : err - lim;
+      if (worst < 0 || excess > worst_excess) worst = static_cast<int64_t>(i), worst_excess = excess;
+    }
+  }
+  if (bad) {
+    std::ostringstream os;
+    os << what << ": " << bad << " of " << va.size() << " entries out of tolerance (atol " << atol
+       << ", rtol " << rtol << "); worst at flat index " << worst << ": got " << va[worst]
+       << ", expected " << ve[worst];
+    FAIL_CHECK(os.str());
+  }
+}
+
+Tensor rand64(const Shape& shape, Generator& g, double scale) {
+  return Tensor::uniform(shape, g, -scale, scale, DType::f64);
+}
+
+int64_t gradcheck(const std::function<Var(const std::vector<Var>&)>& f,
+                  const std::vector<Tensor>& inputs, const std::vector<std::string>& names,
+                  const GradcheckOptions& opt, const std::vector<bool>& wrt) {
+  REQUIRE(names.size() == inputs.size());
+  std::vector<Var> vars;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    REQUIRE(inputs[i].dtype() == DType::f64);
+    vars.emplace_back(inputs[i].clone(), wrt.empty() || wrt[i], names[i]);
+  }
+  return gradcheck_vars([&]() { return f(vars); }, vars, opt);
+}
+
+int64_t gradcheck_vars(const std::function<Var()>& f, std::vector<Var> vars,
+                       const GradcheckOptions& opt) {
+  for (Var& v : vars) {
+    REQUIRE(v.value().dtype() == DType::f64);
+    REQUIRE(v.value().is_contiguous());
+    v.zero_grad();
+  }
+  Generator rng(opt.seed);
+  const Var out = f();
+  const Tensor gout = rand64(out.shape(), rng);
+  out.backward(gout);
+  const auto gvec = gout.to_vector();
+
+  auto loss = [&]() {
+    NoGradGuard ng;
+    const auto y = f().value().to_vector();
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += gvec[i] * y[i];
+    return s;
+  };
+
+  int64_t compared = 0;
+  for (size_t k = 0; k < vars.size(); ++k) {
+    if (!vars[k].requires_grad()) continue;
+    const std::string& name = vars[k].name();
+    Tensor& x = vars[k].mutable_value();
+    double* p = x.data<double>();
+    const int64_t n = x.numel();
+    const Tensor& ga = vars[k].grad();
+    REQUIRE_MESSAGE(ga.defined(), "no gradient reached input '", name, "'");
+    const auto grad = ga.to_vector();
+
+    std::vector<int64_t> idx;
+    if (n <= opt.full_limit) {
+      for (int64_t i = 0; i < n; ++i) idx.push_back(i);
+    } else {
+      const Tensor pick = Tensor::uniform({opt.samples}, rng, 0.0, static_cast<double>(n), DType::f64);
+      for (double v : pick.to_vector()) idx.push_back(std::min<int64_t>(n - 1, static_cast<int64_t>(v)));
+    }
+    for (int64_t i : idx) {
+      const double orig = p[i];
+      p[i] = orig + opt.eps;
+      const double lp = loss();
+      p[i] = orig - opt.eps;
+      const double lm = loss();
+      p[i] = orig;
+      const double num = (lp - lm) / (2 * opt.eps);
+      const double ana = grad[i];
+      ++compared;
+      if (!(std::fabs(ana - num) <= opt.atol + opt.rtol * std::fabs(num))) {
+        FAIL_CHECK("gradient of input '", name, "' ", shape_str(x.shape()), " at flat index ",
+                   i, ": analytic ", ana, " vs numeric ", num);
+        return compared;
+      }
+    }
+    if (n > opt.full_limit) {
+      const std::vector<double> orig(p, p + n);
+      for (int d = 0; d < opt.directions; ++d) {
+        const auto v = Tensor::uniform({n}, rng, -1.0, 1.0, DType::f64).to_vector();
+        double dot = 0;
+        for (int64_t i = 0; i < n; ++i) dot += grad[i] * (v[i] < 0 ? -1.0 : 1.0);
+        for (int64_t i = 0; i < n; ++i) p[i] = orig[i] + opt.eps * (v[i] < 0 ? -1.0 : 1.0);
+        const double lp = loss();
+        for (int64_t i = 0; i < n; ++i) p[i] = orig[i] - opt.eps * (v[i] < 0 ? -1.0 : 1.0);
+        const double lm = loss();
+        for (int64_t i = 0; i < n; ++i) p[i] = orig[i];
+        const double num = (lp - lm) / (2 * opt.eps);
+        ++compared;
+        const double tol = opt.atol * std::sqrt(static_cast<double>(n)) + opt.rtol * std::fabs(num);
+        if (!(std::fabs(dot - num) <= tol)) {
+          FAIL_CHECK("directional derivative of input '", name, "' ", shape_str(x.shape()),
+                     ": analytic ", dot, " vs numeric ", num);
+          return compared;
+        }
+      }
+    }
+  }
+  return compared;
+}
+
+}  // namespace ffn::test
