@@ -1,6 +1,7 @@
 // core/device.h — where a tensor lives: the host ("cpu") or one GPU ("cuda:N").
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace ffn {

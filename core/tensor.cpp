@@ -15,6 +15,7 @@ void copy_same_device(const Tensor& dst, const Tensor& src);
 void memcpy_between(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
 void fill(const Tensor& dst, double value);
 void axpy(const Tensor& dst, const Tensor& src, double alpha);
+void fill_normal(const Tensor& dst, uint64_t seed, uint64_t offset, double mean, double std);
 }  // namespace cuda_copy
 
 std::string shape_str(const Shape& s) {
@@ -65,6 +66,13 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device, double mean,
                      double std) {
+#if FFN_WITH_CUDA
+  if (device.is_cuda()) {  // drawn on the device: same Philox words, see philox_normal4
+    Tensor t = empty(shape, dtype, device);
+    cuda_copy::fill_normal(t, gen.seed(), gen.next_offset(), mean, std);
+    return t;
+  }
+#endif
   Tensor host = empty(shape, DType::f64);
   double* p = host.data<double>();
   const uint64_t offset = gen.next_offset();
@@ -108,6 +116,7 @@ int64_t Tensor::size(int64_t d) const {
 }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to misplace
   int64_t acc = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (shape_[i] != 1 && strides_[i] != acc) return false;

@@ -34,7 +34,9 @@ class Tensor {
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
                      Device device = Device::cpu());
-  // Normal(mean, std) / Uniform[lo, hi) from a fresh stream of `gen` (drawn on the host).
+  // Normal(mean, std) / Uniform[lo, hi) from a fresh stream of `gen`. Uniform is drawn on
+  // the host; randn is drawn where the tensor lives (CUDA and host normals may differ in
+  // the last bit, see philox_normal4).
   static Tensor randn(const Shape& shape, Generator& gen, DType dtype = DType::f32,
                       Device device = Device::cpu(), double mean = 0.0, double std = 1.0);
   static Tensor uniform(const Shape& shape, Generator& gen, double lo, double hi,

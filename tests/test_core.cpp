@@ -65,6 +65,13 @@ TEST_CASE("philox4x32-10 matches Random123 known-answer vectors") {
   CHECK(r.v[1] == 0x94fdccebu);
   CHECK(r.v[2] == 0x5001e420u);
   CHECK(r.v[3] == 0x24126ea1u);
+  // The precomputed-key variant used by the kernels is the same function.
+  for (uint64_t seed : {0ull, 42ull, 0xfedcba9876543210ull}) {
+    const PhiloxKeys keys = PhiloxKeys::from(seed);
+    for (uint64_t blk : {0ull, 1ull, 1ull << 35})
+      for (int j = 0; j < 4; ++j)
+        CHECK(philox_block(keys, 9, blk).v[j] == philox_block(seed, 9, blk).v[j]);
+  }
 }
 
 TEST_CASE("dropout mask: keep rate, determinism, offsets, p = 0 and p = 1") {

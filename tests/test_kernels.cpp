@@ -123,6 +123,13 @@ TEST_CASE("activation values and derivatives") {
       INFO(activation_name(a), " at ", x);
       CHECK(act_math::grad(x, a) == doctest::Approx(num).epsilon(1e-7));
     }
+  for (Activation a : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu})
+    for (double x : {-30.0, -2.5, 0.0, 0.3, 4.0}) {
+      double v = 0, g = 0;
+      act_math::value_grad(x, a, v, g);
+      CHECK(v == doctest::Approx(act_math::value(x, a)).epsilon(1e-15));
+      CHECK(g == doctest::Approx(act_math::grad(x, a)).epsilon(1e-15));
+    }
   CHECK(parse_activation("gelu") == Activation::gelu_erf);
   CHECK_THROWS_WITH_AS(parse_activation("relu6"), doctest::Contains("unknown activation 'relu6'"), Error);
 }
@@ -228,7 +235,8 @@ TEST_CASE("fused ops pass finite-difference gradient checks") {
   for (const Shape& s : shapes)
     for (float p : {0.0f, 0.3f}) {
       const int64_t n = s.back();
-      CAPTURE(shape_str(s));
+      const std::string shape = shape_str(s);
+      CAPTURE(shape);
       CAPTURE(p);
       const FfnDropout d{{p, 17, 1}, {}};
       // dropout alone

@@ -32,7 +32,8 @@ TEST_CASE("Linear passes finite-difference checks with and without bias") {
   Generator g(21);
   for (const Case& c : kCases)
     for (bool bias : {true, false}) {
-      CAPTURE(shape_str(c.x));
+      const std::string shape = shape_str(c.x);
+      CAPTURE(shape);
       CAPTURE(bias);
       Linear lin({.in_features = c.x.back(), .out_features = c.hidden + 2, .bias = bias, .place = kF64}, g);
       Var x(rand64(c.x, g), true, "x");
@@ -63,8 +64,10 @@ TEST_CASE("FeedForward passes finite-difference checks (GELU erf/tanh, dropout o
     for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh})
       for (float p : {0.0f, 0.3f})
         for (bool recompute : {false, true}) {
-          CAPTURE(shape_str(c.x));
-          CAPTURE(activation_name(act));
+          const std::string shape = shape_str(c.x);
+          CAPTURE(shape);
+          const std::string activation = std::string(activation_name(act));
+          CAPTURE(activation);
           CAPTURE(p);
           CAPTURE(recompute);
           auto rng = std::make_shared<Generator>(25);
@@ -81,8 +84,10 @@ TEST_CASE("GatedFeedForward passes finite-difference checks (GEGLU, SwiGLU, reco
   for (const Case& c : kCases)
     for (Activation act : {Activation::gelu_tanh, Activation::silu})
       for (bool recompute : {false, true}) {
-        CAPTURE(shape_str(c.x));
-        CAPTURE(activation_name(act));
+        const std::string shape = shape_str(c.x);
+        CAPTURE(shape);
+        const std::string activation = std::string(activation_name(act));
+        CAPTURE(activation);
         CAPTURE(recompute);
         auto rng = std::make_shared<Generator>(27);
         GatedFeedForward ffn({.d_model = c.x.back(), .hidden = c.hidden, .act = act, .dropout = 0.2f,
@@ -180,6 +185,103 @@ TEST_CASE("an FFN regression on the CPU trains: loss falls at least 10x") {
     REQUIRE(std::isfinite(l));
     if (step == 0) first = l;
     last = l;
+  }
+  INFO("first loss ", first, ", last loss ", last);
+  CHECK(last * 10 <= first);
+}
+
+namespace {
+
+// Forward + backward of one layer built twice (same seed) on CPU f64 and on the GPU.
+struct LayerRun {
+  Tensor y;
+  std::vector<Tensor> grads;  // x, then parameters in order
+};
+
+LayerRun run_ffn(const FeedForwardOptions& base, DType dt, Device dev, const Tensor& x64,
+                 const Tensor& dy64) {
+  FeedForwardOptions opt = base;
+  opt.place = {dt, dev};
+  auto rng = std::make_shared<Generator>(77);
+  FeedForward ffn(opt, rng);
+  if (dt != DType::f64) {  // same values as the f64 build: round the f64 init once
+    FeedForwardOptions o64 = base;
+    o64.place = kF64;
+    FeedForward ref(o64, std::make_shared<Generator>(77));
+    const auto src = ref.parameters();
+    auto dst = ffn.parameters();
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].mutable_value().copy_(src[i].value());
+  }
+  Var x(x64.to(dt).to(dev), true);
+  rng->set_offset(1000);
+  Var y = ffn.forward(x);
+  y.backward(dy64.to(dt).to(dev));
+  LayerRun r{y.value().to(Device::cpu()).to(DType::f64), {x.grad().to(Device::cpu()).to(DType::f64)}};
+  for (const Var& p : ffn.parameters()) r.grads.push_back(p.grad().to(Device::cpu()).to(DType::f64));
+  return r;
+}
+
+}  // namespace
+
+FFN_GPU_TEST("FeedForward / GatedFeedForward on the GPU match the CPU with dropout on") {
+  Generator g(60);
+  for (bool gated : {false, true})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (int64_t hidden : {7, 1600}) {
+        CAPTURE(gated);
+        const std::string dtype = std::string(dtype_name(dt));
+        CAPTURE(dtype);
+        CAPTURE(hidden);
+        const FeedForwardOptions opt{.d_model = 64, .hidden = hidden,
+                                     .act = gated ? Activation::silu : Activation::gelu_tanh,
+                                     .gated = gated, .dropout = 0.2f, .out_dropout = 0.1f};
+        const Tensor x = rand64({3, 11, 64}, g).to(dt).to(DType::f64);  // representable in dt
+        const Tensor dy = rand64({3, 11, 64}, g).to(dt).to(DType::f64);
+        const LayerRun cpu = run_ffn(opt, DType::f64, Device::cpu(), x, dy);
+        const LayerRun gpu = run_ffn(opt, dt, Device::cuda(0), x, dy);
+        // f32: relative L2 within 1e-5 (fp32 GEMMs over ≤ 1600 terms); bf16: within 1e-2
+        // (bf16 storage of every intermediate; METHOD.md's range for bf16 operands).
+        const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
+        CHECK(ffn::test::rel_l2(gpu.y, cpu.y) <= tol);
+        const char* names[] = {"dx", "dW1", "db1", "dW2", "db2"};
+        for (size_t i = 0; i < cpu.grads.size(); ++i) {
+          INFO(names[i], " rel_l2 = ", ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]));
+          CHECK(ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]) <= tol);
+        }
+      }
+}
+
+FFN_GPU_TEST("two runs of a GPU FFN step are bitwise identical") {
+  Generator g(61);
+  const FeedForwardOptions opt{.d_model = 256, .hidden = 1024, .dropout = 0.1f, .out_dropout = 0.1f};
+  const Tensor x = rand64({512, 256}, g), dy = rand64({512, 256}, g);
+  const LayerRun a = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
+  const LayerRun b = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
+  CHECK(ffn::test::max_abs_diff(a.y, b.y) == 0.0);
+  for (size_t i = 0; i < a.grads.size(); ++i) CHECK(ffn::test::max_abs_diff(a.grads[i], b.grads[i]) == 0.0);
+}
+
+FFN_GPU_TEST("an FFN regression on the GPU trains: loss falls at least 10x") {
+  auto rng = std::make_shared<Generator>(33);
+  const FeedForwardOptions opt{.d_model = 16, .hidden = 64, .act = Activation::gelu_tanh,
+                               .place = {DType::f32, Device::cuda(0)}};
+  FeedForward teacher(opt, rng), student(opt, rng);
+  Generator data(34);
+  const Tensor x = Tensor::randn({256, 16}, data, DType::f32, Device::cuda(0));
+  Tensor target;
+  {
+    NoGradGuard ng;
+    target = teacher.forward(Var(x)).value();
+  }
+  SGD sgd(student.parameters(), {.lr = 0.05, .momentum = 0.9});
+  double first = 0, last = 0;
+  for (int step = 0; step < 400; ++step) {
+    sgd.zero_grad();
+    Var loss = fn::mse_loss(student.forward(Var(x)), target);
+    loss.backward();
+    sgd.step();
+    if (step == 0) first = loss.value().item();
+    if (step == 399) last = loss.value().item();
   }
   INFO("first loss ", first, ", last loss ", last);
   CHECK(last * 10 <= first);

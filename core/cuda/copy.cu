@@ -5,6 +5,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/cuda/types.cuh"
+#include "core/philox.h"
 #include "core/tensor.h"
 
 namespace ffn::cuda_copy {
@@ -60,6 +61,18 @@ __global__ void axpy_kernel(T* dst, const T* src, int64_t n, double alpha) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
     dst[i] = cuda::from_acc<T>(cuda::to_acc(dst[i]) + static_cast<A>(alpha) * cuda::to_acc(src[i]));
+}
+
+template <class T>
+__global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset, float mean,
+                              float std) {
+  const int64_t nblocks = (n + 3) / 4;
+  for (int64_t b = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; b < nblocks;
+       b += int64_t{gridDim.x} * blockDim.x) {
+    float z[4];
+    philox_normal4(seed, offset, static_cast<uint64_t>(b), z);
+    for (int j = 0; j < 4 && 4 * b + j < n; ++j) dst[4 * b + j] = cuda::from_acc<T>(mean + std * z[j]);
+  }
 }
 
 StridedIndex make_index(const Tensor& dst, const Tensor* src) {
@@ -129,6 +142,19 @@ void axpy(const Tensor& dst, const Tensor& src, double alpha) {
     using DT = cuda::device_t<T>;
     axpy_kernel<DT><<<cuda::grid_for(n, 256), 256, 0, cuda::stream(dev)>>>(
         static_cast<DT*>(dst.data_ptr()), static_cast<const DT*>(src.data_ptr()), n, alpha);
+    FFN_CHECK_LAUNCH();
+  });
+}
+
+void fill_normal(const Tensor& dst, uint64_t seed, uint64_t offset, double mean, double std) {
+  const int dev = dst.device().index;
+  cuda::DeviceGuard guard(dev);
+  const int64_t n = dst.numel();
+  FFN_DISPATCH_ALL(dst.dtype(), "randn", [&]<class T>() {
+    using DT = cuda::device_t<T>;
+    normal_kernel<DT><<<cuda::grid_for((n + 3) / 4, 256), 256, 0, cuda::stream(dev)>>>(
+        static_cast<DT*>(dst.data_ptr()), n, seed, offset, static_cast<float>(mean),
+        static_cast<float>(std));
     FFN_CHECK_LAUNCH();
   });
 }

@@ -95,9 +95,11 @@ void dropout_dgelu_dbias(const Tensor& dhd, const Tensor& z, const Tensor& b, Ac
         const int64_t i = r * n + c;
         const T pre = zp[i] + (bp ? bp[c] : T(0));
         const T f = static_cast<T>(mask.factor(static_cast<uint64_t>(i)));
-        const T v = g[i] * f * act_math::grad(pre, act);
+        T val, d;
+        act_math::value_grad(pre, act, val, d);
+        const T v = g[i] * f * d;
         dp[i] = v;
-        if (hp) hp[i] = act_math::value(pre, act) * f;
+        if (hp) hp[i] = val * f;
         if (db) acc[c] += static_cast<double>(v);
       }
     if (db)

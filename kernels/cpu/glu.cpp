@@ -92,8 +92,9 @@ void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Ac
         const int64_t i = r * h + c;
         const T f = static_cast<T>(mask.factor(static_cast<uint64_t>(i)));
         const T s = gp[i] * f;
-        const T a = act_math::value(g, act);
-        const T dv = s * a, dg = s * v * act_math::grad(g, act);
+        T a, da;
+        act_math::value_grad(g, act, a, da);
+        const T dv = s * a, dg = s * v * da;
         dzp[r * 2 * h + c] = dv;
         dzp[r * 2 * h + h + c] = dg;
         if (o) o[i] = v * a * f;

@@ -1,0 +1,121 @@
+// kernels/cuda/bias_gelu_dropout.cu — the fused FFN middle on the GPU
+// (kernels/bias_gelu_dropout.h): forward reads z once and writes hd; backward reads
+// dhd and z once, writes dpre (and hd, recomputed for dW2) and reduces db in the
+// same pass (Note [Deterministic column sums]). Masks come from Philox in-kernel.
+#include "kernels/bias_gelu_dropout.h"
+#include "kernels/cuda/rowwise.cuh"
+
+namespace ffn::cuda {
+
+namespace {
+
+template <class T>
+struct GeluFwd {
+  using A = acc_t<T>;
+  static constexpr int kSums = 0;
+  static constexpr int kUnroll = 2;
+  const T* z;
+  const T* b;
+  T* hd;
+  int64_t n;
+  Activation act;
+  DeviceMask mask;
+
+  template <int VEC, int U>
+  __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
+                                        A (&)[1][VEC]) const {
+    A v[U][VEC], bb[VEC], f[VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (ok[u]) load_vec<VEC>(z + rows[u] * n + c0, v[u]);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bb[j] = A(0);
+    if (b) load_vec<VEC>(b + c0, bb);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!ok[u]) continue;
+      const int64_t i0 = rows[u] * n + c0;
+      mask.factors<VEC>(i0, f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[u][j] = act_math::value(v[u][j] + bb[j], act) * f[j];
+      store_vec<VEC>(hd + i0, v[u]);
+    }
+  }
+};
+
+template <class T>
+struct DgeluDbias {
+  using A = acc_t<T>;
+  static constexpr int kSums = 1;
+  static constexpr int kUnroll = 2;
+  const T* dhd;
+  const T* z;
+  const T* b;
+  T* dpre;
+  T* hd;  // optional recomputed forward
+  int64_t n;
+  Activation act;
+  DeviceMask mask;
+
+  template <int VEC, int U>
+  __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
+                                        A (&acc)[1][VEC]) const {
+    A g[U][VEC], v[U][VEC], bb[VEC], f[VEC], h[VEC];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (ok[u]) {
+        load_vec<VEC>(dhd + rows[u] * n + c0, g[u]);
+        load_vec<VEC>(z + rows[u] * n + c0, v[u]);
+      }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bb[j] = A(0);
+    if (b) load_vec<VEC>(b + c0, bb);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!ok[u]) continue;
+      const int64_t i0 = rows[u] * n + c0;
+      mask.factors<VEC>(i0, f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        A val, d;
+        act_math::value_grad(v[u][j] + bb[j], act, val, d);
+        g[u][j] = g[u][j] * f[j] * d;
+        acc[0][j] += g[u][j];
+        h[j] = val * f[j];
+      }
+      store_vec<VEC>(dpre + i0, g[u]);
+      if (hd) store_vec<VEC>(hd + i0, h);
+    }
+  }
+};
+
+}  // namespace
+
+void bias_gelu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
+                       Tensor& hd) {
+  const int dev = z.device().index;
+  DeviceGuard guard(dev);
+  const int64_t m = z.size(0), n = z.size(1);
+  FFN_DISPATCH_ALL(z.dtype(), "bias_gelu_dropout", [&]<class H>() {
+    using T = device_t<H>;
+    const GeluFwd<T> op{dptr<T>(z), dptr<T>(b), dptr<T>(hd), n, act, DeviceMask::from(d)};
+    const bool aligned = can_vectorize(16 / sizeof(T), n, {op.z, op.b, op.hd});
+    launch_rowwise<T>(op, aligned, m, n, dev, nullptr);
+  });
+}
+
+void dropout_dgelu_dbias(const Tensor& dhd, const Tensor& z, const Tensor& b, Activation act,
+                         const DropoutSpec& d, Tensor& dpre, Tensor* db, Tensor* hd) {
+  const int dev = z.device().index;
+  DeviceGuard guard(dev);
+  const int64_t m = z.size(0), n = z.size(1);
+  FFN_DISPATCH_ALL(z.dtype(), "dropout_dgelu_dbias", [&]<class H>() {
+    using T = device_t<H>;
+    const DgeluDbias<T> op{dptr<T>(dhd), dptr<T>(z), dptr<T>(b), dptr<T>(dpre), dptr<T>(hd),
+                           n,            act,        DeviceMask::from(d)};
+    const bool aligned = can_vectorize(16 / sizeof(T), n, {op.dhd, op.z, op.b, op.dpre, op.hd});
+    launch_rowwise<T>(op, aligned, m, n, dev, dptr<T>(db));
+  });
+}
+
+}  // namespace ffn::cuda

@@ -1,0 +1,226 @@
+// kernels/cuda/rowwise.cuh — the launch framework shared by the fused elementwise
+// kernels (bias_dropout, bias_gelu_dropout, glu): a 2-D tiling of an [M, N]
+// problem with in-kernel dropout masks and deterministic column sums (db).
+//
+// Note [Deterministic column sums]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Backward kernels reduce db = Σ_rows in the kernel that already reads the rows,
+// without float atomics, in two fixed-order stages:
+//  1. block (x, y) covers columns [x·32·VEC, …) and the row chunk y; its 8 warps
+//     take rows ty, ty+8, … and sum them in that order (Op::kUnroll rows are loaded
+//     at once, but added in row order); the 8 warp sums are added in warp order and
+//     written to partials[y][column];
+//  2. reduce_partials sums partials over y in order.
+// Chunking depends only on (M, N), never on the GPU or the vector width, so the
+// same shapes give bit-identical sums on any device and with or without 16-byte
+// vectors (the vector width only changes which thread owns a column).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "core/cuda/types.cuh"
+#include "core/philox.h"
+#include "core/tensor.h"
+
+namespace ffn::cuda {
+
+constexpr int kRowwiseWarps = 8;
+
+// VEC consecutive elements as one aligned access (16 bytes for VEC·sizeof(T) = 16).
+template <class T, int VEC>
+struct alignas(sizeof(T) * VEC) Pack {
+  T v[VEC];
+};
+
+template <int VEC, class T, class A>
+__device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {
+  const Pack<T, VEC> pk = *reinterpret_cast<const Pack<T, VEC>*>(p);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = static_cast<A>(to_acc(pk.v[j]));
+}
+
+template <int VEC, class T, class A>
+__device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
+  Pack<T, VEC> pk;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) pk.v[j] = from_acc<T>(in[j]);
+  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+}
+
+// Dropout multipliers for elements [i0, i0+VEC) of one call (Note [Dropout RNG]).
+// VEC divides 8 and i0 % VEC == 0, so the VEC draws come from one Philox block.
+struct DeviceMask {
+  PhiloxKeys keys;
+  uint64_t offset;
+  uint32_t thr;
+  float scale;
+  bool active;
+
+  static DeviceMask from(const DropoutSpec& d) {
+    return {PhiloxKeys::from(d.seed), d.offset, d.threshold(), d.scale(), d.active()};
+  }
+
+  template <int VEC, class A>
+  __device__ __forceinline__ void factors(int64_t i0, A (&f)[VEC]) const {
+    static_assert(8 % VEC == 0, "a vector must not straddle two Philox blocks");
+    if (!active) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) f[j] = A(1);
+      return;
+    }
+    const uint64_t i = static_cast<uint64_t>(i0);
+    const U32x4 r = philox_block(keys, offset, i >> 3);
+    if constexpr (VEC == 8) {  // i % 8 == 0: word and half are compile-time
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        f[j] = ((r.v[j >> 1] >> (16 * (j & 1))) & 0xffffu) >= thr ? A(scale) : A(0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) f[j] = mask_draw(r, i + j) >= thr ? A(scale) : A(0);
+    }
+  }
+};
+
+// The row chunking of Note [Deterministic column sums]: a function of (M, N) only.
+struct RowChunks {
+  int64_t chunks = 1;
+  int64_t rows_per_chunk = 1;
+};
+inline RowChunks row_chunks(int64_t m, int64_t n) {
+  const int64_t col_tiles = std::max<int64_t>(1, (n + 255) / 256);
+  const int64_t max_chunks = std::max<int64_t>(1, 2048 / col_tiles);
+  RowChunks rc;
+  rc.chunks = std::min<int64_t>(std::max<int64_t>(1, (m + 63) / 64), max_chunks);
+  rc.rows_per_chunk = std::max<int64_t>(1, (m + rc.chunks - 1) / rc.chunks);
+  rc.chunks = std::max<int64_t>(1, (m + rc.rows_per_chunk - 1) / rc.rows_per_chunk);
+  return rc;
+}
+
+// Op contract: `static constexpr int kSums` (VEC-wide column sums per thread: 0, 1 or 2),
+// `static constexpr int kUnroll` (rows per apply; 2 unless registers run out), `using A`
+// (math type) and
+//   template <int VEC, int U>
+//   __device__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t col0,
+//                         A (&acc)[max(kSums, 1)][VEC]) const;
+// which handles U rows at once (rows[u] valid where ok[u]): it should issue every load
+// first and add to acc in u order, so the sum order is the plain row order.
+// Partial sums of set s and column c go to partials[chunk · (kSums·N) + s·N + c].
+// Memory-bound kernels want occupancy: at least 3 blocks (24 warps) per SM, ≤ 85 registers.
+constexpr int kMinBlocksPerSm = 3;
+
+template <class Op, int VEC>
+__global__ void __launch_bounds__(32 * kRowwiseWarps, kMinBlocksPerSm)
+    rowwise_kernel(Op op, int64_t m, int64_t n, int64_t rows_per_chunk,
+                   typename Op::A* partials) {
+  using A = typename Op::A;
+  constexpr int kS = Op::kSums > 0 ? Op::kSums : 1;
+  constexpr int U = Op::kUnroll;
+  A acc[kS][VEC];
+#pragma unroll
+  for (int s = 0; s < kS; ++s)
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[s][j] = A(0);
+  const int64_t c0 = (int64_t{blockIdx.x} * 32 + threadIdx.x) * VEC;
+  const int64_t r_begin = int64_t{blockIdx.y} * rows_per_chunk;
+  const int64_t r_end = min(m, r_begin + rows_per_chunk);
+  if (c0 < n)
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRowwiseWarps * U) {
+      int64_t rows[U];
+      bool ok[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        rows[u] = r + u * kRowwiseWarps;
+        ok[u] = rows[u] < r_end;
+      }
+      op.template apply<VEC, U>(rows, ok, c0, acc);
+    }
+  if constexpr (Op::kSums > 0) {
+    if (partials == nullptr) return;
+    __shared__ A sm[kRowwiseWarps][Op::kSums][32 * VEC];
+#pragma unroll
+    for (int s = 0; s < Op::kSums; ++s)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sm[threadIdx.y][s][threadIdx.x * VEC + j] = acc[s][j];
+    __syncthreads();
+    const int tid = threadIdx.y * 32 + threadIdx.x;
+    for (int idx = tid; idx < Op::kSums * 32 * VEC; idx += 32 * kRowwiseWarps) {
+      const int s = idx / (32 * VEC), col = idx % (32 * VEC);
+      const int64_t c = int64_t{blockIdx.x} * 32 * VEC + col;
+      if (c >= n) continue;
+      A sum = A(0);
+#pragma unroll
+      for (int w = 0; w < kRowwiseWarps; ++w) sum += sm[w][s][col];
+      partials[int64_t{blockIdx.y} * Op::kSums * n + s * n + c] = sum;
+    }
+  }
+}
+
+template <class A, class T>
+__global__ void reduce_partials_kernel(const A* partials, int64_t chunks, int64_t width, T* out) {
+  const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  A sum = A(0);
+  for (int64_t y = 0; y < chunks; ++y) sum += partials[y * width + c];
+  out[c] = from_acc<T>(sum);
+}
+
+// True when every pointer is 16-byte aligned and n is a multiple of `vec`.
+inline bool can_vectorize(int vec, int64_t n, std::initializer_list<const void*> ptrs) {
+  if (vec <= 1 || n % vec != 0) return false;
+  for (const void* p : ptrs)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// Runs `op` over [m, n] (n = the column count the op iterates over) with the 16-byte
+// vector path when `aligned` (see can_vectorize), and reduces the op's column sums
+// into `sums` (kSums·n elements of type T; null to skip).
+template <class T, class Op>
+void launch_rowwise(const Op& op, bool aligned, int64_t m, int64_t n, int device, T* sums) {
+  using A = typename Op::A;
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kSums = Op::kSums;
+  cudaStream_t stream = cuda::stream(device);
+  const RowChunks rc = row_chunks(m, n);
+  Tensor partials;
+  A* part = nullptr;
+  if (kSums > 0 && sums && m > 0 && n > 0) {
+    partials = Tensor::empty({rc.chunks * kSums * n}, dtype_of<A>(), Device::cuda(device));
+    part = static_cast<A*>(partials.data_ptr());
+  }
+  const dim3 block(32, kRowwiseWarps);
+  if (m > 0 && n > 0) {
+    if (aligned) {
+      const dim3 grid(static_cast<unsigned>((n / kVec + 31) / 32), static_cast<unsigned>(rc.chunks));
+      rowwise_kernel<Op, kVec><<<grid, block, 0, stream>>>(op, m, n, rc.rows_per_chunk, part);
+    } else {
+      const dim3 grid(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>(rc.chunks));
+      rowwise_kernel<Op, 1><<<grid, block, 0, stream>>>(op, m, n, rc.rows_per_chunk, part);
+    }
+    FFN_CHECK_LAUNCH();
+  }
+  if (kSums > 0 && sums) {
+    const int64_t width = kSums * n;
+    if (width == 0) return;
+    if (m == 0) {  // an empty sum is 0 (all-zero bits are +0 in every float type)
+      FFN_CHECK_CUDA(cudaMemsetAsync(sums, 0, width * sizeof(T), stream));
+      return;
+    }
+    reduce_partials_kernel<A, T><<<static_cast<unsigned>((width + 255) / 256), 256, 0, stream>>>(
+        part, rc.chunks, width, sums);
+    FFN_CHECK_LAUNCH();
+  }
+}
+
+template <class T>
+T* dptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.data_ptr()) : nullptr;
+}
+template <class T>
+T* dptr(Tensor* t) {
+  return t ? static_cast<T*>(t->data_ptr()) : nullptr;
+}
+
+}  // namespace ffn::cuda
