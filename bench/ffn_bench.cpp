@@ -1,0 +1,186 @@
+// bench/ffn_bench.cpp — `ffn-bench`: times DESIGN.md's FFN workloads (forward + backward
+// through layers/ffn_functional, the code the layers run) and the bare cuBLASLt GEMMs of
+// the same shapes, and prints one JSON line per workload.
+//
+// Timing: CUDA events on the compute stream around each forward+backward, after
+// warm-up, median of --iters runs, inputs drawn from N(0, 1) (never zeros).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <vector>
+
+#include "bench/workloads.h"
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "core/generator.h"
+#include "kernels/bias_dropout.h"
+#include "kernels/bias_gelu_dropout.h"
+#include "kernels/gemm.h"
+#include "kernels/glu.h"
+#include "layers/ffn_functional.h"
+
+using namespace ffn;
+
+namespace {
+
+struct Inputs {
+  Tensor x, dy;
+  FfnParams p;
+};
+
+Inputs make_inputs(const bench::Workload& w, Device dev, Generator& g) {
+  Inputs in;
+  const double s = 1.0 / std::sqrt(static_cast<double>(w.d));
+  in.x = Tensor::randn({w.m, w.d}, g, w.dtype, dev);
+  const int64_t hidden = w.h1 ? (w.gated ? w.h1 / 2 : w.h1) : w.d;
+  if (w.h1) in.p.w1 = Tensor::randn({w.h1, w.d}, g, w.dtype, dev, 0.0, s);
+  if (w.h1 && w.bias1) in.p.b1 = Tensor::randn({w.h1}, g, w.dtype, dev, 0.0, 0.1);
+  if (w.d_out) in.p.w2 = Tensor::randn({w.d_out, hidden}, g, w.dtype, dev, 0.0, 1.0 / std::sqrt(double(hidden)));
+  if (w.d_out && w.bias2) in.p.b2 = Tensor::randn({w.d_out}, g, w.dtype, dev, 0.0, 0.1);
+  in.dy = Tensor::randn({w.m, w.d_out ? w.d_out : hidden}, g, w.dtype, dev);
+  return in;
+}
+
+template <class F>
+double median_ms(int dev, int warmup, int iters, F&& body) {
+  cudaStream_t s = cuda::stream(dev);
+  for (int i = 0; i < warmup; ++i) body();
+  std::vector<float> ms;
+  cudaEvent_t a, b;
+  FFN_CHECK_CUDA(cudaEventCreate(&a));
+  FFN_CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < iters; ++i) {
+    FFN_CHECK_CUDA(cudaEventRecord(a, s));
+    body();
+    FFN_CHECK_CUDA(cudaEventRecord(b, s));
+    FFN_CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    FFN_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Times each fused elementwise kernel of a workload alone and prints its effective
+// bandwidth next to a device-to-device copy of the same bytes (the ceiling).
+void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  Generator g(7);
+  const int64_t h1 = w.h1 ? w.h1 : w.d, hidden = w.gated ? h1 / 2 : h1;
+  const double es = static_cast<double>(dtype_size(w.dtype));
+  const Tensor z = Tensor::randn({w.m, h1}, g, w.dtype, dev);
+  const Tensor b = Tensor::randn({h1}, g, w.dtype, dev);
+  const Tensor dh = Tensor::randn({w.m, hidden}, g, w.dtype, dev);
+  Tensor hd = Tensor::empty({w.m, hidden}, w.dtype, dev), hd2 = Tensor::empty({w.m, hidden}, w.dtype, dev);
+  Tensor dz = Tensor::empty({w.m, h1}, w.dtype, dev), db = Tensor::empty({h1}, w.dtype, dev);
+  const DropoutSpec d{w.p_hidden, 5, 6};
+  auto report = [&](const char* kernel, double bytes, double ms) {
+    std::printf("{\"kernel\": \"%s\", \"workload\": \"%s\", \"ms\": %.4f, \"gbps\": %.0f}\n", kernel,
+                w.name.c_str(), ms, bytes / ms / 1e6);
+  };
+  const double act_fwd = (w.m * h1 + w.m * hidden) * es, act_bwd = 2 * act_fwd;
+  report(w.gated ? "bias_glu_dropout" : "bias_gelu_dropout", act_fwd, median_ms(device, warmup, iters, [&] {
+           if (w.gated) bias_glu_dropout(z, b, w.act, d, hd);
+           else bias_gelu_dropout(z, b, w.act, d, hd);
+         }));
+  report(w.gated ? "dropout_dglu_dbias" : "dropout_dgelu_dbias", act_bwd, median_ms(device, warmup, iters, [&] {
+           if (w.gated) dropout_dglu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
+           else dropout_dgelu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
+         }));
+  Tensor copy_dst = Tensor::empty({w.m, h1}, w.dtype, dev);
+  report("d2d_copy_reference", 2 * w.m * h1 * es, median_ms(device, warmup, iters, [&] { copy_dst.copy_(z); }));
+  if (w.d_out) {
+    const Tensor y = Tensor::randn({w.m, w.d_out}, g, w.dtype, dev);
+    const Tensor b2 = Tensor::randn({w.d_out}, g, w.dtype, dev);
+    Tensor out = Tensor::empty({w.m, w.d_out}, w.dtype, dev), db2 = Tensor::empty({w.d_out}, w.dtype, dev);
+    const DropoutSpec d2{w.p_out, 5, 7};
+    const double bytes = 2.0 * w.m * w.d_out * es;
+    report("bias_dropout", bytes, median_ms(device, warmup, iters, [&] { bias_dropout(y, b2, d2, out); }));
+    report("dropout_dbias", bytes, median_ms(device, warmup, iters, [&] { dropout_dbias(y, d2, &out, &db2); }));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
+  std::vector<std::string> only;
+  int iters = 30, warmup = 5, device = 0;
+  bool recompute = false, kernels = false;
+  app.add_option("--workload", only, "Run only these workloads (default: all)");
+  app.add_option("--iters", iters, "Timed iterations (median is reported)")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber);
+  app.add_option("--device", device, "CUDA device index")->check(CLI::NonNegativeNumber);
+  app.add_flag("--recompute", recompute, "Recompute z = x·W1ᵀ in backward instead of saving it");
+  app.add_flag("--kernels", kernels, "Also time each fused elementwise kernel alone (GB/s)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (cuda_device_count() == 0) {
+      std::fprintf(stderr, "ffn-bench: needs a GPU: %s\n", cuda_unavailable_reason().c_str());
+      return 3;
+    }
+    const Device dev = Device::cuda(device);
+    const auto& props = cuda::properties(device);
+    for (const auto& w : bench::workloads()) {
+      if (!only.empty() && std::find(only.begin(), only.end(), w.name) == only.end()) continue;
+      Generator g(1234);
+      const Inputs in = make_inputs(w, dev, g);
+      const FfnConfig cfg{w.act, w.gated, recompute && w.h1 > 0};
+      Generator drop(99);
+      auto step = [&]() {
+        const FfnDropout d{drop.dropout(w.p_hidden), drop.dropout(w.p_out)};
+        FfnForward f = ffn_forward(in.x, in.p, cfg, d);
+        const FfnGrads gr = ffn_backward(in.dy, in.x, f.z, in.p, cfg, d, true);
+        return f.z.defined() ? f.z.nbytes() : size_t{0};
+      };
+      size_t saved = step();
+      cuda::synchronize(device);
+      reset_peak_memory(dev);
+      const size_t base = memory_stats(dev).in_use;
+      const double ms = median_ms(device, warmup, iters, [&] { saved = step(); });
+      const size_t peak = memory_stats(dev).peak - base;
+
+      // The floor: the same GEMMs into preallocated outputs, nothing else.
+      const int64_t hidden = w.h1 ? (w.gated ? w.h1 / 2 : w.h1) : w.d;
+      Tensor z = w.h1 ? Tensor::empty({w.m, w.h1}, w.dtype, dev) : Tensor();
+      const Tensor hd = Tensor::randn({w.m, hidden}, g, w.dtype, dev);  // random, never zeros
+      const Tensor dz = w.h1 ? Tensor::randn({w.m, w.h1}, g, w.dtype, dev) : Tensor();
+      Tensor y = w.d_out ? Tensor::empty({w.m, w.d_out}, w.dtype, dev) : Tensor();
+      Tensor dhd = Tensor::empty({w.m, hidden}, w.dtype, dev);
+      Tensor dw2 = w.d_out ? Tensor::empty({w.d_out, hidden}, w.dtype, dev) : Tensor();
+      Tensor dw1 = w.h1 ? Tensor::empty({w.h1, w.d}, w.dtype, dev) : Tensor();
+      Tensor dx = Tensor::empty({w.m, w.d}, w.dtype, dev);
+      const double floor_ms = median_ms(device, warmup, iters, [&] {
+        if (w.h1) gemm(in.x, in.p.w1, z, {.trans_b = true});
+        if (w.d_out) {
+          gemm(hd, in.p.w2, y, {.trans_b = true});
+          gemm(in.dy, in.p.w2, dhd);
+          gemm(in.dy, hd, dw2, {.trans_a = true});
+        }
+        if (w.h1) {
+          gemm(dz, in.x, dw1, {.trans_a = true});
+          gemm(dz, in.p.w1, dx);
+        }
+      });
+      const double flops = bench::gemm_flops(w);
+      std::printf(
+          "{\"workload\": \"%s\", \"dtype\": \"%s\", \"device\": \"%s\", \"iters\": %d, "
+          "\"recompute\": %s, \"ms\": %.4f, \"gemm_floor_ms\": %.4f, \"ratio_to_floor\": %.3f, "
+          "\"tflops\": %.1f, \"floor_tflops\": %.1f, \"saved_bytes\": %zu, \"peak_bytes\": %zu}\n",
+          w.name.c_str(), dtype_name(w.dtype), props.name, iters, cfg.recompute ? "true" : "false",
+          ms, floor_ms, ms / floor_ms, flops / ms / 1e9, flops / floor_ms / 1e9, saved, peak);
+      std::fflush(stdout);
+      if (kernels) kernel_breakdown(w, device, warmup, iters);
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ffn-bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
