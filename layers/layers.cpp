@@ -95,7 +95,14 @@ Var FeedForward::forward_impl(const Var& x) {
   return fn::ffn(x, w1_, b1_, w2_, b2_, cfg, d);
 }
 
-GatedFeedForward::GatedFeedForward(FeedForwardOptions opt, std::shared_ptr<Generator> rng)
-    : FeedForward((opt.gated = true, opt), std::move(rng)) {}
+namespace {
+FeedForwardOptions gated_options(FeedForwardOptions opt) {
+  opt.gated = true;
+  return opt;
+}
+}  // namespace
+
+GatedFeedForward::GatedFeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng)
+    : FeedForward(gated_options(opt), std::move(rng)) {}
 
 }  // namespace ffn

@@ -84,7 +84,7 @@ class FeedForward : public Layer {
 // GEGLU (act = gelu_tanh or gelu_erf) or SwiGLU (act = silu).
 class GatedFeedForward : public FeedForward {
  public:
-  GatedFeedForward(FeedForwardOptions opt, std::shared_ptr<Generator> rng);
+  GatedFeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng);
 };
 
 }  // namespace ffn

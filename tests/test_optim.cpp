@@ -51,3 +51,19 @@ TEST_CASE("sgd rejects bad hyper-parameters and mismatched tensors") {
   CHECK_THROWS_WITH_AS(sgd_step(w, Tensor::zeros({3}, DType::f64), nullptr, {.momentum = 0.9}, true),
                        doctest::Contains("needs a momentum buffer"), Error);
 }
+
+TEST_CASE("SGD keeps fp32 master weights for 16-bit parameters") {
+  // 100 steps of -1e-4 on a weight of 1: each is far below bf16's spacing at 1 (2^-7),
+  // so updating the bf16 value in place would never move it; the master accumulates.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Var w(Tensor::full({4}, 1.0, dt), true);
+    SGD opt({w}, {.lr = 1e-4});
+    for (int i = 0; i < 100; ++i) {
+      w.set_grad(Tensor::full({4}, 1.0, dt));
+      opt.step();
+    }
+    CHECK(w.value().dtype() == dt);
+    CHECK(w.value().to_vector()[0] == doctest::Approx(0.99).epsilon(0.004));  // 16-bit rounding of 0.99
+    CHECK(w.value().to_vector()[0] < 1.0);
+  }
+}

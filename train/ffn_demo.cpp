@@ -22,6 +22,7 @@ namespace {
 struct Options {
   std::string device = "auto";
   std::string ffn = "gelu";
+  std::string dtype = "f32";
   int64_t d_model = 64, hidden = 256, batch = 512;
   int steps = 2000, log_every = 100;
   double lr = 0.05, momentum = 0.9;
@@ -50,27 +51,32 @@ double eval_loss(FeedForward& student, FeedForward& teacher, const Tensor& x) {
 
 int run(const Options& o) {
   const Device dev = pick_device(o.device);
+  const DType dt = parse_dtype(o.dtype);
+  if (is_half(dt) && dev.is_cpu())
+    throw Error("[ffn-demo] --dtype " + o.dtype + " needs a GPU (the CPU path computes in f32/f64)",
+                ErrorKind::config);
   const bool gated = o.ffn != "gelu";
   FeedForwardOptions fo{.d_model = o.d_model, .hidden = o.hidden,
                         .act = o.ffn == "swiglu" ? Activation::silu : Activation::gelu_tanh,
-                        .gated = gated, .dropout = o.dropout, .place = {DType::f32, dev}};
+                        .gated = gated, .dropout = o.dropout, .place = {dt, dev}};
   auto rng = std::make_shared<Generator>(o.seed);
   FeedForward teacher(fo, rng), student(fo, rng);
   teacher.eval();
   Generator data(o.seed + 1);
-  const Tensor x_val = Tensor::randn({4096, o.d_model}, data, DType::f32, dev);
+  const Tensor x_val = Tensor::randn({4096, o.d_model}, data, dt, dev);
   SGD sgd(student.parameters(), {.lr = o.lr, .momentum = o.momentum});
 
-  std::printf("ffn-demo: %s FFN d_model=%lld hidden=%lld (%lld parameters), batch %lld, %d steps on %s\n",
+  std::printf("ffn-demo: %s FFN d_model=%lld hidden=%lld (%lld parameters, %s), batch %lld, %d steps on %s\n",
               o.ffn.c_str(), static_cast<long long>(o.d_model), static_cast<long long>(o.hidden),
-              static_cast<long long>(student.num_parameters()), static_cast<long long>(o.batch),
+              static_cast<long long>(student.num_parameters()), dtype_name(dt),
+              static_cast<long long>(o.batch),
               o.steps, dev.str().c_str());
   const double val0 = eval_loss(student, teacher, x_val);
   std::printf("step %5d  val_loss %.6f\n", 0, val0);
   const auto t0 = std::chrono::steady_clock::now();
   double val = val0;
   for (int step = 1; step <= o.steps; ++step) {
-    const Tensor x = Tensor::randn({o.batch, o.d_model}, data, DType::f32, dev);
+    const Tensor x = Tensor::randn({o.batch, o.d_model}, data, dt, dev);
     Tensor target;
     {
       NoGradGuard ng;
@@ -103,6 +109,9 @@ int main(int argc, char** argv) {
                "ffn-train lands). Uses the GPU when there is one."};
   app.add_option("--device", o.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--ffn", o.ffn, "FFN type")->check(CLI::IsMember({"gelu", "geglu", "swiglu"}))->capture_default_str();
+  app.add_option("--dtype", o.dtype, "f32, or bf16/f16 on a GPU (fp32 master weights)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   app.add_option("--d-model", o.d_model, "Model width")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--hidden", o.hidden, "Hidden width h")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--batch", o.batch, "Rows per step")->check(CLI::PositiveNumber)->capture_default_str();
