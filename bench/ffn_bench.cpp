@@ -37,7 +37,9 @@ Inputs make_inputs(const bench::Workload& w, Device dev, Generator& g) {
   const int64_t hidden = w.h1 ? (w.gated ? w.h1 / 2 : w.h1) : w.d;
   if (w.h1) in.p.w1 = Tensor::randn({w.h1, w.d}, g, w.dtype, dev, 0.0, s);
   if (w.h1 && w.bias1) in.p.b1 = Tensor::randn({w.h1}, g, w.dtype, dev, 0.0, 0.1);
-  if (w.d_out) in.p.w2 = Tensor::randn({w.d_out, hidden}, g, w.dtype, dev, 0.0, 1.0 / std::sqrt(double(hidden)));
+  if (w.d_out)
+    in.p.w2 =
+        Tensor::randn({w.d_out, hidden}, g, w.dtype, dev, 0.0, 1.0 / std::sqrt(double(hidden)));
   if (w.d_out && w.bias2) in.p.b2 = Tensor::randn({w.d_out}, g, w.dtype, dev, 0.0, 0.1);
   in.dy = Tensor::randn({w.m, w.d_out ? w.d_out : hidden}, g, w.dtype, dev);
   return in;
@@ -76,44 +78,57 @@ void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iter
   const Tensor z = Tensor::randn({w.m, h1}, g, w.dtype, dev);
   const Tensor b = Tensor::randn({h1}, g, w.dtype, dev);
   const Tensor dh = Tensor::randn({w.m, hidden}, g, w.dtype, dev);
-  Tensor hd = Tensor::empty({w.m, hidden}, w.dtype, dev), hd2 = Tensor::empty({w.m, hidden}, w.dtype, dev);
+  Tensor hd = Tensor::empty({w.m, hidden}, w.dtype, dev),
+         hd2 = Tensor::empty({w.m, hidden}, w.dtype, dev);
   Tensor dz = Tensor::empty({w.m, h1}, w.dtype, dev), db = Tensor::empty({h1}, w.dtype, dev);
   const DropoutSpec d{w.p_hidden, 5, 6};
   auto report = [&](const char* kernel, double bytes, double ms) {
-    std::printf("{\"kernel\": \"%s\", \"workload\": \"%s\", \"ms\": %.4f, \"gbps\": %.0f}\n", kernel,
-                w.name.c_str(), ms, bytes / ms / 1e6);
+    std::printf("{\"kernel\": \"%s\", \"workload\": \"%s\", \"ms\": %.4f, \"gbps\": %.0f}\n",
+                kernel, w.name.c_str(), ms, bytes / ms / 1e6);
   };
   const double act_fwd = (w.m * h1 + w.m * hidden) * es, act_bwd = 2 * act_fwd;
-  report(w.gated ? "bias_glu_dropout" : "bias_gelu_dropout", act_fwd, median_ms(device, warmup, iters, [&] {
-           if (w.gated) bias_glu_dropout(z, b, w.act, d, hd);
-           else bias_gelu_dropout(z, b, w.act, d, hd);
+  report(w.gated ? "bias_glu_dropout" : "bias_gelu_dropout", act_fwd,
+         median_ms(device, warmup, iters, [&] {
+           if (w.gated)
+             bias_glu_dropout(z, b, w.act, d, hd);
+           else
+             bias_gelu_dropout(z, b, w.act, d, hd);
          }));
-  report(w.gated ? "dropout_dglu_dbias" : "dropout_dgelu_dbias", act_bwd, median_ms(device, warmup, iters, [&] {
-           if (w.gated) dropout_dglu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
-           else dropout_dgelu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
+  report(w.gated ? "dropout_dglu_dbias" : "dropout_dgelu_dbias", act_bwd,
+         median_ms(device, warmup, iters, [&] {
+           if (w.gated)
+             dropout_dglu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
+           else
+             dropout_dgelu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
          }));
   Tensor copy_dst = Tensor::empty({w.m, h1}, w.dtype, dev);
-  report("d2d_copy_reference", 2 * w.m * h1 * es, median_ms(device, warmup, iters, [&] { copy_dst.copy_(z); }));
+  report("d2d_copy_reference", 2 * w.m * h1 * es,
+         median_ms(device, warmup, iters, [&] { copy_dst.copy_(z); }));
   if (w.d_out) {
     const Tensor y = Tensor::randn({w.m, w.d_out}, g, w.dtype, dev);
     const Tensor b2 = Tensor::randn({w.d_out}, g, w.dtype, dev);
-    Tensor out = Tensor::empty({w.m, w.d_out}, w.dtype, dev), db2 = Tensor::empty({w.d_out}, w.dtype, dev);
+    Tensor out = Tensor::empty({w.m, w.d_out}, w.dtype, dev),
+           db2 = Tensor::empty({w.d_out}, w.dtype, dev);
     const DropoutSpec d2{w.p_out, 5, 7};
     const double bytes = 2.0 * w.m * w.d_out * es;
-    report("bias_dropout", bytes, median_ms(device, warmup, iters, [&] { bias_dropout(y, b2, d2, out); }));
-    report("dropout_dbias", bytes, median_ms(device, warmup, iters, [&] { dropout_dbias(y, d2, &out, &db2); }));
+    report("bias_dropout", bytes,
+           median_ms(device, warmup, iters, [&] { bias_dropout(y, b2, d2, out); }));
+    report("dropout_dbias", bytes,
+           median_ms(device, warmup, iters, [&] { dropout_dbias(y, d2, &out, &db2); }));
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
+  CLI::App app{
+      "ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
   std::vector<std::string> only;
   int iters = 30, warmup = 5, device = 0;
   bool recompute = false, kernels = false;
   app.add_option("--workload", only, "Run only these workloads (default: all)");
-  app.add_option("--iters", iters, "Timed iterations (median is reported)")->check(CLI::PositiveNumber);
+  app.add_option("--iters", iters, "Timed iterations (median is reported)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber);
   app.add_option("--device", device, "CUDA device index")->check(CLI::NonNegativeNumber);
   app.add_flag("--recompute", recompute, "Recompute z = x·W1ᵀ in backward instead of saving it");
@@ -123,7 +138,7 @@ int main(int argc, char** argv) {
   try {
     if (cuda_device_count() == 0) {
       std::fprintf(stderr, "ffn-bench: needs a GPU: %s\n", cuda_unavailable_reason().c_str());
-      return 3;
+      return 1;
     }
     const Device dev = Device::cuda(device);
     const auto& props = cuda::properties(device);
@@ -136,7 +151,7 @@ int main(int argc, char** argv) {
       auto step = [&]() {
         const FfnDropout d{drop.dropout(w.p_hidden), drop.dropout(w.p_out)};
         FfnForward f = ffn_forward(in.x, in.p, cfg, d);
-        const FfnGrads gr = ffn_backward(in.dy, in.x, f.z, in.p, cfg, d, true);
+        ffn_backward(in.dy, in.x, f.z, in.p, cfg, d, true);
         return f.z.defined() ? f.z.nbytes() : size_t{0};
       };
       size_t saved = step();

@@ -16,8 +16,8 @@ void accumulate(Tensor& slot, Tensor g, const char* where) {
     slot = std::move(g);
     return;
   }
-  FFN_CHECK(slot.shape() == g.shape(), "[backward] gradient shape ", shape_str(g.shape()),
-            " from ", where, " does not match ", shape_str(slot.shape()));
+  FFN_CHECK(slot.shape() == g.shape(), "[backward] gradient shape ", shape_str(g.shape()), " from ",
+            where, " does not match ", shape_str(slot.shape()));
   slot.add_(g);
 }
 }  // namespace
@@ -47,7 +47,9 @@ void Var::set_grad(Tensor g) {
 void Var::zero_grad() {
   if (impl_) impl_->grad = Tensor();
 }
-bool Var::requires_grad() const { return impl_ && impl_->requires_grad; }
+bool Var::requires_grad() const {
+  return impl_ && impl_->requires_grad;
+}
 const std::shared_ptr<Node>& Var::grad_fn() const {
   FFN_CHECK(impl_, "[var] access to an undefined Var");
   return impl_->grad_fn;
@@ -59,15 +61,17 @@ const std::string& Var::name() const {
 
 void Var::backward() const {
   FFN_CHECK(impl_, "[backward] called on an undefined Var");
-  FFN_CHECK(value().numel() == 1, "[backward] called without d_out on a non-scalar output of shape ",
+  FFN_CHECK(value().numel() == 1,
+            "[backward] called without d_out on a non-scalar output of shape ",
             shape_str(value().shape()), "; pass a gradient of that shape");
   backward(Tensor::full(value().shape(), 1.0, value().dtype(), value().device()));
 }
 
 void Var::backward(const Tensor& d_out) const {
   FFN_CHECK(impl_, "[backward] called on an undefined Var");
-  FFN_CHECK(requires_grad(), "[backward] the output does not require grad (no input needed a "
-                             "gradient, or it was computed under NoGradGuard)");
+  FFN_CHECK(requires_grad(),
+            "[backward] the output does not require grad (no input needed a "
+            "gradient, or it was computed under NoGradGuard)");
   check_shape(d_out, value().shape(), "backward", "d_out");
   check_same_device(d_out, value(), "backward", "d_out", "output");
   check_same_dtype(d_out, value(), "backward", "d_out", "output");
@@ -138,9 +142,15 @@ Var make_output(Tensor value, std::shared_ptr<Node> node, std::vector<Var> input
   return out;
 }
 
-bool grad_enabled() { return g_grad_enabled; }
+bool grad_enabled() {
+  return g_grad_enabled;
+}
 
-NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
-NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) {
+  g_grad_enabled = false;
+}
+NoGradGuard::~NoGradGuard() {
+  g_grad_enabled = prev_;
+}
 
 }  // namespace ffn

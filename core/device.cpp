@@ -27,7 +27,9 @@ Device Device::parse(const std::string& s) {
   FFN_THROW("[device] cannot parse device '", s, "' (expected cpu, cuda or cuda:N)");
 }
 
-bool built_with_cuda() { return FFN_WITH_CUDA != 0; }
+bool built_with_cuda() {
+  return FFN_WITH_CUDA != 0;
+}
 
 int cuda_device_count() {
 #if FFN_WITH_CUDA

@@ -14,10 +14,14 @@ namespace ffn::detail {
 template <class F>
 decltype(auto) dispatch_all(DType dt, const char* op, F&& f) {
   switch (dt) {
-    case DType::f64: return f.template operator()<double>();
-    case DType::f32: return f.template operator()<float>();
-    case DType::bf16: return f.template operator()<bf16>();
-    case DType::f16: return f.template operator()<f16>();
+    case DType::f64:
+      return f.template operator()<double>();
+    case DType::f32:
+      return f.template operator()<float>();
+    case DType::bf16:
+      return f.template operator()<bf16>();
+    case DType::f16:
+      return f.template operator()<f16>();
   }
   FFN_THROW("[", op, "] unsupported dtype");
 }
@@ -25,9 +29,12 @@ decltype(auto) dispatch_all(DType dt, const char* op, F&& f) {
 template <class F>
 decltype(auto) dispatch_float(DType dt, const char* op, F&& f) {
   switch (dt) {
-    case DType::f64: return f.template operator()<double>();
-    case DType::f32: return f.template operator()<float>();
-    default: break;
+    case DType::f64:
+      return f.template operator()<double>();
+    case DType::f32:
+      return f.template operator()<float>();
+    default:
+      break;
   }
   FFN_THROW("[", op, "] dtype ", dtype_name(dt), " is not supported here (expected f64 or f32)");
 }

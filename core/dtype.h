@@ -23,7 +23,9 @@ enum class DType : uint8_t { f64, f32, bf16, f16 };
 constexpr size_t dtype_size(DType t) {
   return t == DType::f64 ? 8 : t == DType::f32 ? 4 : 2;
 }
-constexpr bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+constexpr bool is_half(DType t) {
+  return t == DType::bf16 || t == DType::f16;
+}
 const char* dtype_name(DType t);
 // Parses "f64"/"float64", "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16"/"fp16".
 DType parse_dtype(const std::string& s);
@@ -45,13 +47,16 @@ FFN_HD uint16_t float_to_bf16_bits(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
-FFN_HD float bf16_bits_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+FFN_HD float bf16_bits_to_float(uint16_t h) {
+  return bits_float(static_cast<uint32_t>(h) << 16);
+}
 
 FFN_HD uint16_t float_to_f16_bits(float f) {
   const uint32_t x = float_bits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (ax >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 rounds to inf
   if (ax < 0x38800000u) {  // below 2^-14: f16 subnormal or zero
     // value * 2^24 is exact in float; round-half-even to an integer in [0, 1024].
@@ -90,12 +95,20 @@ struct f16 {
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<double>() { return DType::f64; }
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::bf16; }
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
 template <>
-constexpr DType dtype_of<f16>() { return DType::f16; }
+constexpr DType dtype_of<f16>() {
+  return DType::f16;
+}
 
 }  // namespace ffn

@@ -44,22 +44,21 @@ std::string cat(const Args&... args) {
 }  // namespace ffn
 
 // The generic macro: if `status != ok`, throw with `describe(status)` as the message.
-#define FFN_CHECK_STATUS(expr, ok, describe)                                                \
-  do {                                                                                      \
-    auto ffn_status_ = (expr);                                                              \
-    if (!(ffn_status_ == (ok))) [[unlikely]]                                                \
+#define FFN_CHECK_STATUS(expr, ok, describe)                                                  \
+  do {                                                                                        \
+    auto ffn_status_ = (expr);                                                                \
+    if (!(ffn_status_ == (ok))) [[unlikely]]                                                  \
       ::ffn::detail::throw_error(__FILE__, __LINE__, __func__, #expr, describe(ffn_status_)); \
   } while (0)
 
 // FFN_CHECK(cond, "[op] ", values...): a precondition on user input or an invariant.
-#define FFN_CHECK(cond, ...)                                                         \
-  do {                                                                               \
-    if (!(cond)) [[unlikely]]                                                        \
-      ::ffn::detail::throw_error(__FILE__, __LINE__, __func__, #cond,                \
-                                 ::ffn::detail::cat(__VA_ARGS__));                   \
+#define FFN_CHECK(cond, ...)                                          \
+  do {                                                                \
+    if (!(cond)) [[unlikely]]                                         \
+      ::ffn::detail::throw_error(__FILE__, __LINE__, __func__, #cond, \
+                                 ::ffn::detail::cat(__VA_ARGS__));    \
   } while (0)
 
 // FFN_THROW("[op] ", values...): unconditional failure.
-#define FFN_THROW(...)                                                               \
-  ::ffn::detail::throw_error(__FILE__, __LINE__, __func__, nullptr,                  \
-                             ::ffn::detail::cat(__VA_ARGS__))
+#define FFN_THROW(...) \
+  ::ffn::detail::throw_error(__FILE__, __LINE__, __func__, nullptr, ::ffn::detail::cat(__VA_ARGS__))

@@ -14,7 +14,8 @@ namespace ffn {
 
 class Storage {
  public:
-  Storage(void* data, size_t nbytes, Device device) : data_(data), nbytes_(nbytes), device_(device) {}
+  Storage(void* data, size_t nbytes, Device device)
+      : data_(data), nbytes_(nbytes), device_(device) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -33,9 +34,9 @@ class Storage {
 std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device);
 
 struct MemoryStats {
-  size_t in_use = 0;    // bytes held by live tensors
-  size_t peak = 0;      // max of in_use since the last reset_peak_memory
-  size_t reserved = 0;  // bytes obtained from the system (CUDA: held by the cache too)
+  size_t in_use = 0;             // bytes held by live tensors
+  size_t peak = 0;               // max of in_use since the last reset_peak_memory
+  size_t reserved = 0;           // bytes obtained from the system (CUDA: held by the cache too)
   size_t num_device_allocs = 0;  // calls into malloc/cudaMalloc so far
 };
 MemoryStats memory_stats(Device device);

@@ -50,7 +50,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
   t.device_ = device;
-  t.storage_ = allocate_storage(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  t.storage_ =
+      allocate_storage(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   return t;
 }
 

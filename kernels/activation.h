@@ -22,8 +22,12 @@ Activation parse_activation(const std::string& s);
 
 namespace act_math {
 
-FFN_HD float erf_(float x) { return erff(x); }
-FFN_HD double erf_(double x) { return erf(x); }
+FFN_HD float erf_(float x) {
+  return erff(x);
+}
+FFN_HD double erf_(double x) {
+  return erf(x);
+}
 // exp and a/b; on the GPU the float versions use the hardware units (__expf: relative
 // error ~2⁻²¹·(2 + 1.2|x|); __fdividef: 2 ulp), which the fused kernels need to stay
 // memory-bound. Every use below is a sigmoid 1/(1 + e), where these errors stay relative.
@@ -34,7 +38,9 @@ FFN_HD float exp_(float x) {
   return expf(x);
 #endif
 }
-FFN_HD double exp_(double x) { return exp(x); }
+FFN_HD double exp_(double x) {
+  return exp(x);
+}
 FFN_HD float div_(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdividef(a, b);
@@ -42,7 +48,9 @@ FFN_HD float div_(float a, float b) {
   return a / b;
 #endif
 }
-FFN_HD double div_(double a, double b) { return a / b; }
+FFN_HD double div_(double a, double b) {
+  return a / b;
+}
 
 // gelu_tanh(x) = x/2·(1 + tanh(u)) = x·σ(2u), u = √(2/π)·(x + 0.044715·x³): the sigmoid
 // form has no cancellation for negative x and costs one exp.

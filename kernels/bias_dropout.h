@@ -15,8 +15,12 @@ namespace ffn {
 void bias_dropout(const Tensor& z, const Tensor& b, const DropoutSpec& d, Tensor& y);
 void dropout_dbias(const Tensor& dy, const DropoutSpec& d, Tensor* dz, Tensor* db);
 
-inline void bias_add(const Tensor& z, const Tensor& b, Tensor& y) { bias_dropout(z, b, {}, y); }
-inline void bias_grad(const Tensor& dy, Tensor& db) { dropout_dbias(dy, {}, nullptr, &db); }
+inline void bias_add(const Tensor& z, const Tensor& b, Tensor& y) {
+  bias_dropout(z, b, {}, y);
+}
+inline void bias_grad(const Tensor& dy, Tensor& db) {
+  dropout_dbias(dy, {}, nullptr, &db);
+}
 
 namespace cpu {
 void bias_dropout(const Tensor& z, const Tensor& b, const DropoutSpec& d, Tensor& y);
@@ -26,13 +30,5 @@ namespace cuda {
 void bias_dropout(const Tensor& z, const Tensor& b, const DropoutSpec& d, Tensor& y);
 void dropout_dbias(const Tensor& dy, const DropoutSpec& d, Tensor* dz, Tensor* db);
 }  // namespace cuda
-
-// Shared argument checks of the fused elementwise ops (kernels/cpu/checks.cpp).
-namespace detail {
-void check_dropout(const DropoutSpec& d, const char* op);
-void check_matrix(const Tensor& t, const char* op, const char* name);
-void check_like(const Tensor& t, const Tensor& ref, const Shape& shape, const char* op,
-                const char* name);
-}  // namespace detail
 
 }  // namespace ffn

@@ -9,7 +9,9 @@
 namespace ffn {
 
 namespace {
-int64_t z_width(const Tensor& x, const FfnParams& p) { return p.w1.defined() ? p.w1.size(0) : x.size(1); }
+int64_t z_width(const Tensor& x, const FfnParams& p) {
+  return p.w1.defined() ? p.w1.size(0) : x.size(1);
+}
 int64_t hidden_width(const Tensor& x, const FfnParams& p, const FfnConfig& cfg) {
   return cfg.gated ? z_width(x, p) / 2 : z_width(x, p);
 }
@@ -51,8 +53,10 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
   const int64_t m = x.size(0);
   const Tensor z = p.w1.defined() ? matmul(x, p.w1, {.trans_b = true}) : x;
   Tensor hd = Tensor::empty({m, hidden_width(x, p, cfg)}, x.dtype(), x.device());
-  if (cfg.gated) bias_glu_dropout(z, p.b1, cfg.act, d.hidden, hd);
-  else bias_gelu_dropout(z, p.b1, cfg.act, d.hidden, hd);
+  if (cfg.gated)
+    bias_glu_dropout(z, p.b1, cfg.act, d.hidden, hd);
+  else
+    bias_gelu_dropout(z, p.b1, cfg.act, d.hidden, hd);
 
   FfnForward out;
   if (p.w1.defined() && !cfg.recompute) out.z = z;
@@ -109,8 +113,10 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& z_saved, 
   Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
   Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;
   Tensor* hd_out = hd.defined() ? &hd : nullptr;
-  if (cfg.gated) dropout_dglu_dbias(dhd, z, p.b1, cfg.act, d.hidden, dz, db1, hd_out);
-  else dropout_dgelu_dbias(dhd, z, p.b1, cfg.act, d.hidden, dz, db1, hd_out);
+  if (cfg.gated)
+    dropout_dglu_dbias(dhd, z, p.b1, cfg.act, d.hidden, dz, db1, hd_out);
+  else
+    dropout_dgelu_dbias(dhd, z, p.b1, cfg.act, d.hidden, dz, db1, hd_out);
 
   if (p.w2.defined()) g.dw2 = matmul(dz2, hd, {.trans_a = true});
   if (p.w1.defined()) {

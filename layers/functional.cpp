@@ -78,13 +78,14 @@ class MseNode final : public Node {
 // Inputs: x, w1, b1, w2, b2 (absent ones are undefined Vars). Saves z (Note [FFN saved state]).
 class FfnNode final : public Node {
  public:
-  FfnNode(const FfnConfig& cfg, const FfnDropout& d, Tensor z) : cfg_(cfg), d_(d), z_(std::move(z)) {}
+  FfnNode(const FfnConfig& cfg, const FfnDropout& d, Tensor z)
+      : cfg_(cfg), d_(d), z_(std::move(z)) {}
   const char* name() const override { return cfg_.gated ? "gated_feed_forward" : "feed_forward"; }
   std::vector<Tensor> backward(Tensor d_out) override {
     const Tensor& x = inputs[0].value();
     const FfnParams p = params();
-    const FfnGrads g = ffn_backward(d_out.view_2d(), x.view_2d(), z_, p, cfg_, d_,
-                                    inputs[0].requires_grad());
+    const FfnGrads g =
+        ffn_backward(d_out.view_2d(), x.view_2d(), z_, p, cfg_, d_, inputs[0].requires_grad());
     return {g.dx.defined() ? g.dx.reshape(x.shape()) : Tensor(), g.dw1, g.db1, g.dw2, g.db2};
   }
   void release() override { z_ = Tensor(); }
@@ -100,7 +101,9 @@ class FfnNode final : public Node {
   Tensor z_;
 };
 
-Tensor value_or_empty(const Var& v) { return v.defined() ? v.value() : Tensor(); }
+Tensor value_or_empty(const Var& v) {
+  return v.defined() ? v.value() : Tensor();
+}
 
 }  // namespace
 
@@ -108,9 +111,9 @@ Var linear(const Var& x, const Var& w, const Var& b) {
   const Tensor& xv = x.value();
   const Tensor& wv = w.value();
   check_dim(wv, 2, "linear", "weight");
-  FFN_CHECK(xv.dim() >= 1 && xv.size(-1) == wv.size(1), "[linear] x.shape[-1]=",
-            xv.dim() ? xv.size(-1) : 0, " != in_features=", wv.size(1), " (x.shape=",
-            shape_str(xv.shape()), ", weight.shape=", shape_str(wv.shape()), ")");
+  FFN_CHECK(xv.dim() >= 1 && xv.size(-1) == wv.size(1),
+            "[linear] x.shape[-1]=", xv.dim() ? xv.size(-1) : 0, " != in_features=", wv.size(1),
+            " (x.shape=", shape_str(xv.shape()), ", weight.shape=", shape_str(wv.shape()), ")");
   const Tensor y = matmul(xv.view_2d(), wv, {.trans_b = true, .bias = value_or_empty(b)});
   return make_output(y.reshape(with_last(xv.shape(), wv.size(0))), std::make_shared<LinearNode>(),
                      {x, w, b});

@@ -33,18 +33,21 @@ void check_features(const Tensor& x, int64_t expected, const Var& param, const c
 Linear::Linear(const LinearOptions& opt, Generator& init_rng) : opt_(opt) {
   FFN_CHECK(opt.in_features > 0 && opt.out_features > 0, "[linear] in_features=", opt.in_features,
             " and out_features=", opt.out_features, " must be > 0");
-  w_ = register_parameter("weight", init_weight({opt.out_features, opt.in_features},
-                                                opt.in_features, opt.init_std, opt.place, init_rng));
+  w_ =
+      register_parameter("weight", init_weight({opt.out_features, opt.in_features}, opt.in_features,
+                                               opt.init_std, opt.place, init_rng));
   if (opt.bias)
-    b_ = register_parameter("bias", init_bias(opt.out_features, opt.in_features, opt.init_std,
-                                              opt.place, init_rng));
+    b_ = register_parameter(
+        "bias", init_bias(opt.out_features, opt.in_features, opt.init_std, opt.place, init_rng));
 }
 
 void Linear::check_input(const Tensor& x) const {
   check_features(x, opt_.in_features, w_, "linear", "in_features");
 }
 
-Var Linear::forward_impl(const Var& x) { return fn::linear(x, w_, b_); }
+Var Linear::forward_impl(const Var& x) {
+  return fn::linear(x, w_, b_);
+}
 
 Dropout::Dropout(float p, std::shared_ptr<Generator> rng) : p_(p), rng_(std::move(rng)) {
   FFN_CHECK(std::isfinite(p) && p >= 0.0f && p <= 1.0f, "[dropout] p must be in [0, 1], got ", p);
@@ -73,11 +76,13 @@ FeedForward::FeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generato
   Generator& g = *rng_;
   w1_ = register_parameter("fc1.weight",
                            init_weight({h1, opt.d_model}, opt.d_model, opt.init_std, opt.place, g));
-  if (opt.bias) b1_ = register_parameter("fc1.bias", init_bias(h1, opt.d_model, opt.init_std, opt.place, g));
-  w2_ = register_parameter("fc2.weight", init_weight({opt.d_model, opt.hidden}, opt.hidden,
-                                                     opt.init_std, opt.place, g));
   if (opt.bias)
-    b2_ = register_parameter("fc2.bias", init_bias(opt.d_model, opt.hidden, opt.init_std, opt.place, g));
+    b1_ = register_parameter("fc1.bias", init_bias(h1, opt.d_model, opt.init_std, opt.place, g));
+  w2_ = register_parameter(
+      "fc2.weight", init_weight({opt.d_model, opt.hidden}, opt.hidden, opt.init_std, opt.place, g));
+  if (opt.bias)
+    b2_ = register_parameter("fc2.bias",
+                             init_bias(opt.d_model, opt.hidden, opt.init_std, opt.place, g));
 }
 
 void FeedForward::check_input(const Tensor& x) const {

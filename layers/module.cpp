@@ -40,7 +40,8 @@ void Module::to(Device device, DType dtype) {
 }
 
 Var& Module::register_parameter(const std::string& name, Tensor value) {
-  for (auto& [n, v] : params_) FFN_CHECK(n != name, "[module] parameter '", name, "' registered twice");
+  for (auto& [n, v] : params_)
+    FFN_CHECK(n != name, "[module] parameter '", name, "' registered twice");
   params_.emplace_back(name, Var(std::move(value), true, name));
   return params_.back().second;
 }

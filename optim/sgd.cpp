@@ -4,8 +4,11 @@
 namespace ffn {
 
 SGD::SGD(std::vector<Var> params, const SgdHyper& hyper)
-    : params_(std::move(params)), master_(params_.size()), momentum_(params_.size()),
-      started_(params_.size(), false), hyper_(hyper) {
+    : params_(std::move(params)),
+      master_(params_.size()),
+      momentum_(params_.size()),
+      started_(params_.size(), false),
+      hyper_(hyper) {
   for (size_t i = 0; i < params_.size(); ++i) {
     FFN_CHECK(params_[i].defined() && params_[i].requires_grad(), "[sgd] parameter ", i,
               " is undefined or does not require grad");

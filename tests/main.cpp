@@ -11,7 +11,8 @@ int main(int argc, char** argv) {
   if (gpus > 0)
     std::printf("[fused-ffn tests] %d GPU(s) found: GPU tests will run\n", gpus);
   else
-    std::printf("[fused-ffn tests] GPU tests SKIPPED: %s\n", ffn::cuda_unavailable_reason().c_str());
+    std::printf("[fused-ffn tests] GPU tests SKIPPED: %s\n",
+                ffn::cuda_unavailable_reason().c_str());
   doctest::Context ctx(argc, argv);
   return ctx.run();
 }

@@ -45,7 +45,8 @@ TEST_CASE("dtype names parse and print") {
   CHECK(parse_dtype("bf16") == DType::bf16);
   CHECK(parse_dtype("float32") == DType::f32);
   CHECK(std::string(dtype_name(DType::f16)) == "f16");
-  CHECK_THROWS_WITH_AS(parse_dtype("int8"), doctest::Contains("[dtype] unknown dtype 'int8'"), Error);
+  CHECK_THROWS_WITH_AS(parse_dtype("int8"), doctest::Contains("[dtype] unknown dtype 'int8'"),
+                       Error);
 }
 
 TEST_CASE("philox4x32-10 matches Random123 known-answer vectors") {
@@ -156,15 +157,20 @@ TEST_CASE("tensor shapes, strides, views and copies") {
 
 TEST_CASE("tensor errors name the op and the values") {
   Tensor t = Tensor::zeros({3, 4});
-  CHECK_THROWS_WITH_AS(t.reshape({5, 2}), doctest::Contains("[reshape] cannot reshape [3, 4]"), Error);
-  CHECK_THROWS_WITH_AS(t.narrow(1, 2, 3), doctest::Contains("[narrow] range [2, 5) out of bounds"), Error);
-  CHECK_THROWS_WITH_AS(t.data<double>(), doctest::Contains("data<f64>() on a tensor of dtype f32"), Error);
+  CHECK_THROWS_WITH_AS(t.reshape({5, 2}), doctest::Contains("[reshape] cannot reshape [3, 4]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(t.narrow(1, 2, 3), doctest::Contains("[narrow] range [2, 5) out of bounds"),
+                       Error);
+  CHECK_THROWS_WITH_AS(t.data<double>(), doctest::Contains("data<f64>() on a tensor of dtype f32"),
+                       Error);
   CHECK_THROWS_WITH_AS(t.chunk(3, -1), doctest::Contains("[chunk] dim -1 of size 4"), Error);
   CHECK_THROWS_WITH_AS(Tensor::empty({2, -1}), doctest::Contains("negative dimension"), Error);
-  CHECK_THROWS_WITH_AS(Device::parse("gpu0"), doctest::Contains("[device] cannot parse device 'gpu0'"), Error);
+  CHECK_THROWS_WITH_AS(Device::parse("gpu0"),
+                       doctest::Contains("[device] cannot parse device 'gpu0'"), Error);
   CHECK(Device::parse("cuda:3") == Device::cuda(3));
   Tensor a = Tensor::zeros({4}), b = Tensor::zeros({5});
-  CHECK_THROWS_WITH_AS(a.add_(b), doctest::Contains("[add_] shape mismatch: self [4] vs other [5]"), Error);
+  CHECK_THROWS_WITH_AS(a.add_(b), doctest::Contains("[add_] shape mismatch: self [4] vs other [5]"),
+                       Error);
   // The location follows the message.
   try {
     t.reshape({7});
@@ -175,7 +181,8 @@ TEST_CASE("tensor errors name the op and the values") {
 }
 
 TEST_CASE("cuda tensors without a GPU fail clearly" * doctest::skip(gpu_available())) {
-  CHECK_THROWS_WITH_AS(Tensor::zeros({2}, DType::f32, Device::cuda(0)), doctest::Contains("CUDA"), Error);
+  CHECK_THROWS_WITH_AS(Tensor::zeros({2}, DType::f32, Device::cuda(0)), doctest::Contains("CUDA"),
+                       Error);
 }
 
 TEST_CASE("autograd sums gradients, guards reuse and honours no_grad") {

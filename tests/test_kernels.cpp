@@ -57,8 +57,9 @@ TEST_CASE("gemm matches a naive product for every transpose combination") {
           for (int64_t j = 0; j < n; ++j) rv[i * n + j] += bv[j];
         // fp32: 1e-5 relative scaled by the reduction length (DESIGN.md).
         const double tol = dt == DType::f64 ? 1e-12 : 1e-6 * k;
-        check_close(c, Tensor::from_vector(rv, {m, n}, DType::f64), tol, tol,
-                    std::string("gemm ") + dtype_name(dt) + (ta ? " Aᵀ" : " A") + (tb ? "·Bᵀ" : "·B"));
+        check_close(
+            c, Tensor::from_vector(rv, {m, n}, DType::f64), tol, tol,
+            std::string("gemm ") + dtype_name(dt) + (ta ? " Aᵀ" : " A") + (tb ? "·Bᵀ" : "·B"));
       }
   // alpha/beta accumulate into c.
   Tensor a = rand64({4, 3}, g), b = rand64({3, 5}, g), c = rand64({4, 5}, g);
@@ -75,12 +76,14 @@ TEST_CASE("gemm rejects mismatched shapes, dtypes and ranks") {
   CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("[gemm] inner dimensions differ"), Error);
   CHECK_THROWS_WITH_AS(matmul(a, Tensor::zeros({3, 2}, DType::f64)),
                        doctest::Contains("[gemm] dtype mismatch: a is f32 but b is f64"), Error);
-  CHECK_THROWS_WITH_AS(matmul(Tensor::zeros({4}), b), doctest::Contains("[matmul] a must be 2-D"), Error);
+  CHECK_THROWS_WITH_AS(matmul(Tensor::zeros({4}), b), doctest::Contains("[matmul] a must be 2-D"),
+                       Error);
   Tensor c = Tensor::zeros({4, 4});
   CHECK_THROWS_WITH_AS(gemm(a, Tensor::zeros({3, 2}), c),
                        doctest::Contains("[gemm] c.shape=[4, 4] but op(a)·op(b) is [4, 2]"), Error);
-  CHECK_THROWS_WITH_AS(matmul(Tensor::zeros({4, 3}, DType::bf16), Tensor::zeros({3, 2}, DType::bf16)),
-                       doctest::Contains("[gemm] dtype bf16 is not supported here"), Error);
+  CHECK_THROWS_WITH_AS(
+      matmul(Tensor::zeros({4, 3}, DType::bf16), Tensor::zeros({3, 2}, DType::bf16)),
+      doctest::Contains("[gemm] dtype bf16 is not supported here"), Error);
 }
 
 TEST_CASE("bias_dropout and dropout_dbias follow their formulas") {
@@ -105,7 +108,8 @@ TEST_CASE("bias_dropout and dropout_dbias follow their formulas") {
         }
       check_close(y, Tensor::from_vector(ye, s, DType::f64), 1e-12, 1e-12, "bias_dropout");
       check_close(dz, Tensor::from_vector(dze, s, DType::f64), 1e-12, 1e-12, "dropout_dbias dz");
-      check_close(db, Tensor::from_vector(dbe, {s[1]}, DType::f64), 1e-10, 1e-10, "dropout_dbias db");
+      check_close(db, Tensor::from_vector(dbe, {s[1]}, DType::f64), 1e-10, 1e-10,
+                  "dropout_dbias db");
       if (p == 1.0f) CHECK(ffn::test::max_abs_diff(y, Tensor::zeros(s, DType::f64)) == 0.0);
     }
   }
@@ -113,9 +117,12 @@ TEST_CASE("bias_dropout and dropout_dbias follow their formulas") {
 
 TEST_CASE("activation values and derivatives") {
   // Reference values: erf/tanh GELU and SiLU at x = 1 (computed with mpmath-level precision).
-  CHECK(act_math::value(1.0, Activation::gelu_erf) == doctest::Approx(0.8413447460685429).epsilon(1e-15));
-  CHECK(act_math::value(1.0, Activation::gelu_tanh) == doctest::Approx(0.8411919906082768).epsilon(1e-15));
-  CHECK(act_math::value(1.0, Activation::silu) == doctest::Approx(0.7310585786300049).epsilon(1e-15));
+  CHECK(act_math::value(1.0, Activation::gelu_erf) ==
+        doctest::Approx(0.8413447460685429).epsilon(1e-15));
+  CHECK(act_math::value(1.0, Activation::gelu_tanh) ==
+        doctest::Approx(0.8411919906082768).epsilon(1e-15));
+  CHECK(act_math::value(1.0, Activation::silu) ==
+        doctest::Approx(0.7310585786300049).epsilon(1e-15));
   for (Activation a : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu})
     for (double x : {-5.0, -1.3, -1e-3, 0.0, 0.7, 2.0, 9.0}) {
       const double h = 1e-6;
@@ -131,7 +138,8 @@ TEST_CASE("activation values and derivatives") {
       CHECK(g == doctest::Approx(act_math::grad(x, a)).epsilon(1e-15));
     }
   CHECK(parse_activation("gelu") == Activation::gelu_erf);
-  CHECK_THROWS_WITH_AS(parse_activation("relu6"), doctest::Contains("unknown activation 'relu6'"), Error);
+  CHECK_THROWS_WITH_AS(parse_activation("relu6"), doctest::Contains("unknown activation 'relu6'"),
+                       Error);
 }
 
 TEST_CASE("bias_gelu_dropout and dropout_dgelu_dbias follow their formulas") {
@@ -200,14 +208,16 @@ TEST_CASE("fused elementwise ops reject bad arguments") {
   CHECK_THROWS_WITH_AS(bias_dropout(z, Tensor::zeros({5}, DType::f64), {}, y),
                        doctest::Contains("[bias_dropout] b.shape=[5] but expected [4]"), Error);
   CHECK_THROWS_WITH_AS(bias_dropout(z, {}, {-0.1f, 0, 0}, y),
-                       doctest::Contains("[bias_dropout] dropout p must be in [0, 1], got -0.1"), Error);
+                       doctest::Contains("[bias_dropout] dropout p must be in [0, 1], got -0.1"),
+                       Error);
   CHECK_THROWS_WITH_AS(bias_dropout(z, {}, {1.5f, 0, 0}, y), doctest::Contains("got 1.5"), Error);
   Tensor y32 = Tensor::zeros({3, 4}, DType::f32);
   CHECK_THROWS_WITH_AS(bias_gelu_dropout(z, {}, Activation::gelu_erf, {}, y32),
                        doctest::Contains("[bias_gelu_dropout] dtype mismatch: hd is f32"), Error);
   Tensor small = Tensor::zeros({3, 3}, DType::f64);
-  CHECK_THROWS_WITH_AS(dropout_dgelu_dbias(small, z, {}, Activation::gelu_erf, {}, y, nullptr, nullptr),
-                       doctest::Contains("[dropout_dgelu_dbias] dhd.shape=[3, 3] but expected [3, 4]"), Error);
+  CHECK_THROWS_WITH_AS(
+      dropout_dgelu_dbias(small, z, {}, Activation::gelu_erf, {}, y, nullptr, nullptr),
+      doctest::Contains("[dropout_dgelu_dbias] dhd.shape=[3, 3] but expected [3, 4]"), Error);
   CHECK_THROWS_WITH_AS(bias_dropout(Tensor::zeros({12}, DType::f64), {}, {}, y),
                        doctest::Contains("[bias_dropout] z must be 2-D, got shape [12]"), Error);
 }
@@ -223,7 +233,8 @@ TEST_CASE("mse_loss value and gradient") {
   CHECK(loss.item() == doctest::Approx(s / 15).epsilon(1e-14));
   gradcheck([&](const std::vector<Var>& v) { return fn::mse_loss(v[0], t); }, {p}, {"pred"});
   CHECK_THROWS_WITH_AS(mse_loss(p, Tensor::zeros({3, 5}, DType::f64), loss),
-                       doctest::Contains("[mse_loss] pred.shape=[5, 3] != target.shape=[3, 5]"), Error);
+                       doctest::Contains("[mse_loss] pred.shape=[5, 3] != target.shape=[3, 5]"),
+                       Error);
 }
 
 // The ops' backward formulas against finite differences, each op as its own node:
@@ -244,21 +255,24 @@ TEST_CASE("fused ops pass finite-difference gradient checks") {
                 {rand64(s, g)}, {"x"});
       for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh}) {
         const FfnConfig cfg{act, false, false};
-        gradcheck([&](const std::vector<Var>& v) { return fn::ffn(v[0], {}, v[1], {}, {}, cfg, d); },
-                  {rand64(s, g, 2.0), rand64({n}, g)}, {"z", "b1"});
+        gradcheck(
+            [&](const std::vector<Var>& v) { return fn::ffn(v[0], {}, v[1], {}, {}, cfg, d); },
+            {rand64(s, g, 2.0), rand64({n}, g)}, {"z", "b1"});
       }
       if (n % 2 == 0 || n == 1) {
         Shape s2 = s;
         s2.back() = 2 * n;
         for (Activation act : {Activation::gelu_tanh, Activation::silu}) {
           const FfnConfig cfg{act, true, false};
-          gradcheck([&](const std::vector<Var>& v) { return fn::ffn(v[0], {}, v[1], {}, {}, cfg, d); },
-                    {rand64(s2, g, 2.0), rand64({2 * n}, g)}, {"z", "b1"});
+          gradcheck(
+              [&](const std::vector<Var>& v) { return fn::ffn(v[0], {}, v[1], {}, {}, cfg, d); },
+              {rand64(s2, g, 2.0), rand64({2 * n}, g)}, {"z", "b1"});
         }
       }
       // fc2 half: y = dropout(gelu(x)) · W2ᵀ + b2, only x kept.
       const FfnConfig cfg{Activation::gelu_erf, false, false};
-      gradcheck([&](const std::vector<Var>& v) { return fn::ffn(v[0], {}, {}, v[1], v[2], cfg, d); },
-                {rand64(s, g), rand64({5, n}, g), rand64({5}, g)}, {"x", "w2", "b2"});
+      gradcheck(
+          [&](const std::vector<Var>& v) { return fn::ffn(v[0], {}, {}, v[1], v[2], cfg, d); },
+          {rand64(s, g), rand64({5, n}, g), rand64({5}, g)}, {"x", "w2", "b2"});
     }
 }

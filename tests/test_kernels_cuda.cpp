@@ -28,8 +28,8 @@ namespace {
 const Device kGpu = Device::cuda(0);
 const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 // (M, N): hidden sizes 1, 3, 7, 1600, 4097 and an aligned 4096; M = 1; zero sizes.
-const std::pair<int64_t, int64_t> kShapes[] = {{1, 1},    {37, 3},   {5, 7},   {33, 1600},
-                                               {9, 4097}, {64, 4096}, {1, 4096}, {0, 64}, {6, 0}};
+const std::pair<int64_t, int64_t> kShapes[] = {
+    {1, 1}, {37, 3}, {5, 7}, {33, 1600}, {9, 4097}, {64, 4096}, {1, 4096}, {0, 64}, {6, 0}};
 
 double max_abs(const Tensor& t) {
   double m = 0;
@@ -38,15 +38,17 @@ double max_abs(const Tensor& t) {
 }
 
 // The values a dt tensor actually holds, as f64 (inputs are rounded once to dt).
-Tensor exact(const Tensor& x64, DType dt) { return x64.to(dt).to(DType::f64); }
+Tensor exact(const Tensor& x64, DType dt) {
+  return x64.to(dt).to(DType::f64);
+}
 
 void check_gpu(const Tensor& gpu, const Tensor& ref64, const Tensor& naive32, DType dt,
                double reduce_len, double max_term, const std::string& what) {
   const Tensor g = gpu.to(Device::cpu()).to(DType::f64);
   for (double v : g.to_vector()) REQUIRE_MESSAGE(!std::isnan(v), what, ": NaN in GPU output");
   if (dt == DType::f32) {
-    const double atol = reduce_len > 1 ? reduce_len * std::ldexp(1.0, -23) * max_term
-                                       : 1e-6 * max_abs(ref64);
+    const double atol =
+        reduce_len > 1 ? reduce_len * std::ldexp(1.0, -23) * max_term : 1e-6 * max_abs(ref64);
     check_close(g, ref64, atol, 1e-5, what);
     return;
   }
@@ -68,7 +70,8 @@ Tensor misaligned(const Tensor& t) {
 
 FFN_GPU_TEST("philox on the GPU matches cuRAND's Philox4x32-10 and the CPU bit for bit") {
 #if FFN_WITH_CUDA
-  for (auto [seed, offset] : {std::pair<uint64_t, uint64_t>{0, 0}, {42, 7}, {0x123456789abcdefull, 1ull << 40}}) {
+  for (auto [seed, offset] :
+       {std::pair<uint64_t, uint64_t>{0, 0}, {42, 7}, {0x123456789abcdefull, 1ull << 40}}) {
     const int64_t nb = 4099;
     const auto ours = ffn::test::philox_words_gpu_ours(seed, offset, nb);
     const auto ref = ffn::test::philox_words_gpu_curand(seed, offset, nb);
@@ -114,7 +117,8 @@ FFN_GPU_TEST("dropout masks on the GPU equal the CPU's, under any launch shape")
 
 FFN_GPU_TEST("gemm on the GPU matches the CPU for all transposes, f32/bf16/f16") {
   Generator g(51);
-  const int64_t dims[][3] = {{1, 1, 1}, {7, 3, 13}, {129, 1600, 257}, {64, 4097, 32}, {256, 512, 1024}};
+  const int64_t dims[][3] = {
+      {1, 1, 1}, {7, 3, 13}, {129, 1600, 257}, {64, 4097, 32}, {256, 512, 1024}};
   for (auto& d : dims)
     for (DType dt : kDtypes)
       for (bool ta : {false, true})
@@ -126,16 +130,20 @@ FFN_GPU_TEST("gemm on the GPU matches the CPU for all transposes, f32/bf16/f16")
             const Tensor c64 = exact(rand64({n}, g), dt);
             const GemmArgs args64{.trans_a = ta, .trans_b = tb, .bias = bias ? c64 : Tensor()};
             const Tensor ref = matmul(a64, b64, args64);
-            const GemmArgs args32{.trans_a = ta, .trans_b = tb, .bias = bias ? c64.to(DType::f32) : Tensor()};
+            const GemmArgs args32{
+                .trans_a = ta, .trans_b = tb, .bias = bias ? c64.to(DType::f32) : Tensor()};
             const Tensor naive = matmul(a64.to(DType::f32), b64.to(DType::f32), args32);
-            const GemmArgs argsg{.trans_a = ta, .trans_b = tb, .bias = bias ? c64.to(dt).to(kGpu) : Tensor()};
+            const GemmArgs argsg{
+                .trans_a = ta, .trans_b = tb, .bias = bias ? c64.to(dt).to(kGpu) : Tensor()};
             const Tensor out = matmul(a64.to(dt).to(kGpu), b64.to(dt).to(kGpu), argsg);
             check_gpu(out, ref, naive, dt, static_cast<double>(k), 1.0,
                       "gemm " + std::string(dtype_name(dt)) + " m" + std::to_string(m) + " n" +
-                          std::to_string(n) + " k" + std::to_string(k) + (ta ? " Aᵀ" : "") + (tb ? " Bᵀ" : ""));
+                          std::to_string(n) + " k" + std::to_string(k) + (ta ? " Aᵀ" : "") +
+                          (tb ? " Bᵀ" : ""));
           }
   // beta accumulates, k = 0 gives beta·c + bias.
-  Tensor a = Tensor::full({4, 0}, 1.0, DType::f32, kGpu), b = Tensor::full({0, 3}, 1.0, DType::f32, kGpu);
+  Tensor a = Tensor::full({4, 0}, 1.0, DType::f32, kGpu),
+         b = Tensor::full({0, 3}, 1.0, DType::f32, kGpu);
   Tensor c = Tensor::full({4, 3}, 2.0, DType::f32, kGpu);
   gemm(a, b, c, {.beta = 0.5, .bias = Tensor::full({3}, 1.0, DType::f32, kGpu)});
   CHECK(c.to_vector() == std::vector<double>(12, 2.0));
@@ -272,7 +280,8 @@ FFN_GPU_TEST("elementwise kernels index past 2^31 elements") {
   const Tensor b64 = exact(rand64({n}, g), DType::bf16);
   const Tensor b = b64.to(DType::bf16).to(kGpu);
   Tensor z = Tensor::full({m, n}, 0.75, DType::bf16, kGpu);
-  Tensor dpre = Tensor::empty({m, n}, DType::bf16, kGpu), db = Tensor::empty({n}, DType::bf16, kGpu);
+  Tensor dpre = Tensor::empty({m, n}, DType::bf16, kGpu),
+         db = Tensor::empty({n}, DType::bf16, kGpu);
   {
     Tensor hd = Tensor::empty({m, n}, DType::bf16, kGpu);
     bias_gelu_dropout(z, b, Activation::gelu_erf, d, hd);
@@ -297,7 +306,8 @@ FFN_GPU_TEST("elementwise kernels index past 2^31 elements") {
   int bad = 0;
   for (int64_t c : {int64_t{0}, int64_t{1}, int64_t{12345}, n - 1}) {
     double kept = 0;
-    for (int64_t r = 0; r < m; ++r) kept += d.keep(static_cast<uint64_t>(r * n + c)) ? d.scale() : 0.0;
+    for (int64_t r = 0; r < m; ++r)
+      kept += d.keep(static_cast<uint64_t>(r * n + c)) ? d.scale() : 0.0;
     const double expect = kept * act_math::grad(0.75 + bv[c], Activation::gelu_erf);
     bad += std::fabs(dbv[c] - expect) > 0.01 * std::fabs(expect);
   }

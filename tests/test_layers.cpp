@@ -35,7 +35,9 @@ TEST_CASE("Linear passes finite-difference checks with and without bias") {
       const std::string shape = shape_str(c.x);
       CAPTURE(shape);
       CAPTURE(bias);
-      Linear lin({.in_features = c.x.back(), .out_features = c.hidden + 2, .bias = bias, .place = kF64}, g);
+      Linear lin(
+          {.in_features = c.x.back(), .out_features = c.hidden + 2, .bias = bias, .place = kF64},
+          g);
       Var x(rand64(c.x, g), true, "x");
       gradcheck_vars([&]() { return lin.forward(x); }, with_input(lin, x));
     }
@@ -47,18 +49,25 @@ TEST_CASE("Dropout layer: gradients, eval mode, fresh masks, bad p") {
   Generator g(23);
   for (const Case& c : kCases) {
     Var x(rand64(c.x, g), true, "x");
-    gradcheck_vars([&]() { rng->set_offset(0); return drop.forward(x); }, {x});
+    gradcheck_vars(
+        [&]() {
+          rng->set_offset(0);
+          return drop.forward(x);
+        },
+        {x});
   }
   Var x(Tensor::full({64, 64}, 1.0, DType::f64), false);
   const auto a = drop.forward(x).value().to_vector(), b = drop.forward(x).value().to_vector();
   CHECK(a != b);  // two calls, two masks
   drop.eval();
   CHECK(drop.forward(x).value().to_vector() == x.value().to_vector());
-  CHECK_THROWS_WITH_AS(Dropout(-0.1f, rng), doctest::Contains("[dropout] p must be in [0, 1], got -0.1"), Error);
+  CHECK_THROWS_WITH_AS(Dropout(-0.1f, rng),
+                       doctest::Contains("[dropout] p must be in [0, 1], got -0.1"), Error);
   CHECK_THROWS_WITH_AS(Dropout(1.5f, rng), doctest::Contains("got 1.5"), Error);
 }
 
-TEST_CASE("FeedForward passes finite-difference checks (GELU erf/tanh, dropout on/off, recompute)") {
+TEST_CASE(
+    "FeedForward passes finite-difference checks (GELU erf/tanh, dropout on/off, recompute)") {
   Generator g(24);
   for (const Case& c : kCases)
     for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh})
@@ -71,11 +80,21 @@ TEST_CASE("FeedForward passes finite-difference checks (GELU erf/tanh, dropout o
           CAPTURE(p);
           CAPTURE(recompute);
           auto rng = std::make_shared<Generator>(25);
-          FeedForward ffn({.d_model = c.x.back(), .hidden = c.hidden, .act = act, .dropout = p,
-                           .out_dropout = p / 2, .recompute = recompute, .place = kF64},
+          FeedForward ffn({.d_model = c.x.back(),
+                           .hidden = c.hidden,
+                           .act = act,
+                           .dropout = p,
+                           .out_dropout = p / 2,
+                           .recompute = recompute,
+                           .place = kF64},
                           rng);
           Var x(rand64(c.x, g), true, "x");
-          gradcheck_vars([&]() { rng->set_offset(100); return ffn.forward(x); }, with_input(ffn, x));
+          gradcheck_vars(
+              [&]() {
+                rng->set_offset(100);
+                return ffn.forward(x);
+              },
+              with_input(ffn, x));
         }
 }
 
@@ -90,11 +109,20 @@ TEST_CASE("GatedFeedForward passes finite-difference checks (GEGLU, SwiGLU, reco
         CAPTURE(activation);
         CAPTURE(recompute);
         auto rng = std::make_shared<Generator>(27);
-        GatedFeedForward ffn({.d_model = c.x.back(), .hidden = c.hidden, .act = act, .dropout = 0.2f,
-                              .recompute = recompute, .place = kF64},
+        GatedFeedForward ffn({.d_model = c.x.back(),
+                              .hidden = c.hidden,
+                              .act = act,
+                              .dropout = 0.2f,
+                              .recompute = recompute,
+                              .place = kF64},
                              rng);
         Var x(rand64(c.x, g), true, "x");
-        gradcheck_vars([&]() { rng->set_offset(100); return ffn.forward(x); }, with_input(ffn, x));
+        gradcheck_vars(
+            [&]() {
+              rng->set_offset(100);
+              return ffn.forward(x);
+            },
+            with_input(ffn, x));
       }
 }
 
@@ -103,8 +131,12 @@ TEST_CASE("FeedForward keeps only z between forward and backward") {
   Generator g(29);
   for (bool gated : {false, true})
     for (bool recompute : {false, true}) {
-      FeedForward ffn({.d_model = 16, .hidden = 24, .gated = gated, .dropout = 0.1f,
-                       .recompute = recompute, .place = kF64},
+      FeedForward ffn({.d_model = 16,
+                       .hidden = 24,
+                       .gated = gated,
+                       .dropout = 0.1f,
+                       .recompute = recompute,
+                       .place = kF64},
                       rng);
       Var x(rand64({10, 16}, g), true);
       Var y = ffn.forward(x);
@@ -112,7 +144,8 @@ TEST_CASE("FeedForward keeps only z between forward and backward") {
       CHECK(y.grad_fn()->saved_bytes() == expect);
     }
   // Recompute changes memory, not results.
-  FeedForward a({.d_model = 8, .hidden = 12, .dropout = 0.3f, .place = kF64}, std::make_shared<Generator>(1));
+  FeedForward a({.d_model = 8, .hidden = 12, .dropout = 0.3f, .place = kF64},
+                std::make_shared<Generator>(1));
   FeedForward b({.d_model = 8, .hidden = 12, .dropout = 0.3f, .recompute = true, .place = kF64},
                 std::make_shared<Generator>(1));
   Var x(rand64({5, 8}, g), true);
@@ -126,28 +159,33 @@ TEST_CASE("FeedForward keeps only z between forward and backward") {
   REQUIRE(pa.size() == 4);
   CHECK(pa[0].first == "fc1.weight");
   CHECK(pa[3].first == "fc2.bias");
-  for (size_t i = 0; i < pa.size(); ++i) CHECK(ffn::test::max_abs_diff(pa[i].second.grad(), pb[i].second.grad()) == 0.0);
+  for (size_t i = 0; i < pa.size(); ++i)
+    CHECK(ffn::test::max_abs_diff(pa[i].second.grad(), pb[i].second.grad()) == 0.0);
 }
 
 TEST_CASE("layers reject mismatched inputs with the layer name and both shapes") {
   auto rng = std::make_shared<Generator>(30);
   FeedForward ffn({.d_model = 7, .hidden = 3, .place = kF64}, rng);
   Var bad(Tensor::zeros({3, 5}, DType::f64));
-  CHECK_THROWS_WITH_AS(ffn.forward(bad),
-                       doctest::Contains("[feed_forward] x.shape[-1]=5 != d_model=7 (x.shape=[3, 5])"), Error);
+  CHECK_THROWS_WITH_AS(
+      ffn.forward(bad),
+      doctest::Contains("[feed_forward] x.shape[-1]=5 != d_model=7 (x.shape=[3, 5])"), Error);
   Var f32(Tensor::zeros({3, 7}, DType::f32));
-  CHECK_THROWS_WITH_AS(ffn.forward(f32),
-                       doctest::Contains("[feed_forward] dtype mismatch: x is f32 but weight is f64"), Error);
+  CHECK_THROWS_WITH_AS(
+      ffn.forward(f32),
+      doctest::Contains("[feed_forward] dtype mismatch: x is f32 but weight is f64"), Error);
   Generator g(31);
   Linear lin({.in_features = 4, .out_features = 2, .place = kF64}, g);
   CHECK_THROWS_WITH_AS(lin.forward(Var(Tensor::zeros({2, 3}, DType::f64))),
                        doctest::Contains("[linear] x.shape[-1]=3 != in_features=4"), Error);
   CHECK_THROWS_WITH_AS(FeedForward({.d_model = 0, .hidden = 3}, rng),
-                       doctest::Contains("[feed_forward] d_model=0 and hidden=3 must be > 0"), Error);
+                       doctest::Contains("[feed_forward] d_model=0 and hidden=3 must be > 0"),
+                       Error);
   CHECK_THROWS_WITH_AS(FeedForward({.d_model = 4, .hidden = 3, .dropout = -0.5f}, rng),
                        doctest::Contains("dropout must be in [0, 1], got -0.5"), Error);
   GatedFeedForward gl({.d_model = 4, .hidden = 3, .place = kF64}, rng);
-  CHECK_THROWS_WITH_AS(gl.forward(bad), doctest::Contains("[gated_feed_forward] x.shape[-1]=5 != d_model=4"), Error);
+  CHECK_THROWS_WITH_AS(gl.forward(bad),
+                       doctest::Contains("[gated_feed_forward] x.shape[-1]=5 != d_model=4"), Error);
   // A zero-row batch is valid and produces an empty output.
   Var empty(Tensor::zeros({0, 7}, DType::f64), true);
   Var y = ffn.forward(empty);
@@ -158,8 +196,10 @@ FFN_GPU_TEST("layers reject inputs on another device") {
   auto rng = std::make_shared<Generator>(32);
   FeedForward ffn({.d_model = 4, .hidden = 3}, rng);
   Var x(Tensor::zeros({2, 4}, DType::f32, Device::cuda(0)));
-  CHECK_THROWS_WITH_AS(ffn.forward(x),
-                       doctest::Contains("[feed_forward] device mismatch: x is on cuda:0 but weight is on cpu"), Error);
+  CHECK_THROWS_WITH_AS(
+      ffn.forward(x),
+      doctest::Contains("[feed_forward] device mismatch: x is on cuda:0 but weight is on cpu"),
+      Error);
 }
 
 namespace {
@@ -168,8 +208,8 @@ namespace {
 // returns (first loss, last loss) over 400 steps.
 std::pair<double, double> train_teacher_student(DType dt, Device dev) {
   auto rng = std::make_shared<Generator>(33);
-  const FeedForwardOptions opt{.d_model = 16, .hidden = 64, .act = Activation::gelu_tanh,
-                               .place = {dt, dev}};
+  const FeedForwardOptions opt{
+      .d_model = 16, .hidden = 64, .act = Activation::gelu_tanh, .place = {dt, dev}};
   FeedForward teacher(opt, rng), student(opt, rng);
   Generator data(34);
   const Tensor x = Tensor::randn({256, 16}, data, dt, dev);
@@ -227,8 +267,10 @@ LayerRun run_ffn(const FeedForwardOptions& base, DType dt, Device dev, const Ten
   rng->set_offset(1000);
   Var y = ffn.forward(x);
   y.backward(dy64.to(dt).to(dev));
-  LayerRun r{y.value().to(Device::cpu()).to(DType::f64), {x.grad().to(Device::cpu()).to(DType::f64)}};
-  for (const Var& p : ffn.parameters()) r.grads.push_back(p.grad().to(Device::cpu()).to(DType::f64));
+  LayerRun r{y.value().to(Device::cpu()).to(DType::f64),
+             {x.grad().to(Device::cpu()).to(DType::f64)}};
+  for (const Var& p : ffn.parameters())
+    r.grads.push_back(p.grad().to(Device::cpu()).to(DType::f64));
   return r;
 }
 
@@ -243,9 +285,12 @@ FFN_GPU_TEST("FeedForward / GatedFeedForward on the GPU match the CPU with dropo
         const std::string dtype = std::string(dtype_name(dt));
         CAPTURE(dtype);
         CAPTURE(hidden);
-        const FeedForwardOptions opt{.d_model = 64, .hidden = hidden,
+        const FeedForwardOptions opt{.d_model = 64,
+                                     .hidden = hidden,
                                      .act = gated ? Activation::silu : Activation::gelu_tanh,
-                                     .gated = gated, .dropout = 0.2f, .out_dropout = 0.1f};
+                                     .gated = gated,
+                                     .dropout = 0.2f,
+                                     .out_dropout = 0.1f};
         const Tensor x = rand64({3, 11, 64}, g).to(dt).to(DType::f64);  // representable in dt
         const Tensor dy = rand64({3, 11, 64}, g).to(dt).to(DType::f64);
         const LayerRun cpu = run_ffn(opt, DType::f64, Device::cpu(), x, dy);
@@ -264,12 +309,14 @@ FFN_GPU_TEST("FeedForward / GatedFeedForward on the GPU match the CPU with dropo
 
 FFN_GPU_TEST("two runs of a GPU FFN step are bitwise identical") {
   Generator g(61);
-  const FeedForwardOptions opt{.d_model = 256, .hidden = 1024, .dropout = 0.1f, .out_dropout = 0.1f};
+  const FeedForwardOptions opt{
+      .d_model = 256, .hidden = 1024, .dropout = 0.1f, .out_dropout = 0.1f};
   const Tensor x = rand64({512, 256}, g), dy = rand64({512, 256}, g);
   const LayerRun a = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
   const LayerRun b = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
   CHECK(ffn::test::max_abs_diff(a.y, b.y) == 0.0);
-  for (size_t i = 0; i < a.grads.size(); ++i) CHECK(ffn::test::max_abs_diff(a.grads[i], b.grads[i]) == 0.0);
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    CHECK(ffn::test::max_abs_diff(a.grads[i], b.grads[i]) == 0.0);
 }
 
 FFN_GPU_TEST("an FFN regression on the GPU trains: loss falls at least 10x") {

@@ -5,7 +5,9 @@
 using namespace ffn;
 
 TEST_CASE("sgd step: plain, weight decay, momentum, nesterov") {
-  auto vec = [](std::initializer_list<double> v) { return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::f64); };
+  auto vec = [](std::initializer_list<double> v) {
+    return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::f64);
+  };
   // plain: w - lr g
   Tensor w = vec({1.0, -2.0});
   sgd_step(w, vec({0.5, 0.25}), nullptr, {.lr = 0.1}, true);
@@ -48,8 +50,9 @@ TEST_CASE("sgd rejects bad hyper-parameters and mismatched tensors") {
                        doctest::Contains("[sgd] param.shape=[3] != grad.shape=[4]"), Error);
   CHECK_THROWS_WITH_AS(sgd_step(w, Tensor::zeros({3}, DType::f64), nullptr, {.lr = -1}, true),
                        doctest::Contains("[sgd] lr must be a finite number >= 0, got -1"), Error);
-  CHECK_THROWS_WITH_AS(sgd_step(w, Tensor::zeros({3}, DType::f64), nullptr, {.momentum = 0.9}, true),
-                       doctest::Contains("needs a momentum buffer"), Error);
+  CHECK_THROWS_WITH_AS(
+      sgd_step(w, Tensor::zeros({3}, DType::f64), nullptr, {.momentum = 0.9}, true),
+      doctest::Contains("needs a momentum buffer"), Error);
 }
 
 TEST_CASE("SGD keeps fp32 master weights for 16-bit parameters") {
@@ -63,7 +66,8 @@ TEST_CASE("SGD keeps fp32 master weights for 16-bit parameters") {
       opt.step();
     }
     CHECK(w.value().dtype() == dt);
-    CHECK(w.value().to_vector()[0] == doctest::Approx(0.99).epsilon(0.004));  // 16-bit rounding of 0.99
+    CHECK(w.value().to_vector()[0] ==
+          doctest::Approx(0.99).epsilon(0.004));  // 16-bit rounding of 0.99
     CHECK(w.value().to_vector()[0] < 1.0);
   }
 }

@@ -44,7 +44,8 @@ void check_close(const Tensor& actual, const Tensor& expected, double atol, doub
     if (!(err <= lim)) {  // also catches NaN
       ++bad;
       const double excess = std::isnan(err) ? INFINITY : err - lim;
-      if (worst < 0 || excess > worst_excess) worst = static_cast<int64_t>(i), worst_excess = excess;
+      if (worst < 0 || excess > worst_excess)
+        worst = static_cast<int64_t>(i), worst_excess = excess;
     }
   }
   if (bad) {
@@ -108,8 +109,10 @@ int64_t gradcheck_vars(const std::function<Var()>& f, std::vector<Var> vars,
     if (n <= opt.full_limit) {
       for (int64_t i = 0; i < n; ++i) idx.push_back(i);
     } else {
-      const Tensor pick = Tensor::uniform({opt.samples}, rng, 0.0, static_cast<double>(n), DType::f64);
-      for (double v : pick.to_vector()) idx.push_back(std::min<int64_t>(n - 1, static_cast<int64_t>(v)));
+      const Tensor pick =
+          Tensor::uniform({opt.samples}, rng, 0.0, static_cast<double>(n), DType::f64);
+      for (double v : pick.to_vector())
+        idx.push_back(std::min<int64_t>(n - 1, static_cast<int64_t>(v)));
     }
     for (int64_t i : idx) {
       const double orig = p[i];
@@ -122,8 +125,8 @@ int64_t gradcheck_vars(const std::function<Var()>& f, std::vector<Var> vars,
       const double ana = grad[i];
       ++compared;
       if (!(std::fabs(ana - num) <= opt.atol + opt.rtol * std::fabs(num))) {
-        FAIL_CHECK("gradient of input '", name, "' ", shape_str(x.shape()), " at flat index ",
-                   i, ": analytic ", ana, " vs numeric ", num);
+        FAIL_CHECK("gradient of input '", name, "' ", shape_str(x.shape()), " at flat index ", i,
+                   ": analytic ", ana, " vs numeric ", num);
         return compared;
       }
     }

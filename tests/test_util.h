@@ -24,7 +24,7 @@ namespace ffn::test {
 
 bool gpu_available();
 // Skips a TEST_CASE visibly (doctest counts it as skipped) when no GPU is usable.
-#define FFN_GPU_TEST(name) TEST_CASE(name * doctest::skip(!::ffn::test::gpu_available()))
+#define FFN_GPU_TEST(name) TEST_CASE(name* doctest::skip(!::ffn::test::gpu_available()))
 
 // max |a - b| over all entries (shapes must match).
 double max_abs_diff(const Tensor& a, const Tensor& b);

@@ -56,9 +56,12 @@ int run(const Options& o) {
     throw Error("[ffn-demo] --dtype " + o.dtype + " needs a GPU (the CPU path computes in f32/f64)",
                 ErrorKind::config);
   const bool gated = o.ffn != "gelu";
-  FeedForwardOptions fo{.d_model = o.d_model, .hidden = o.hidden,
+  FeedForwardOptions fo{.d_model = o.d_model,
+                        .hidden = o.hidden,
                         .act = o.ffn == "swiglu" ? Activation::silu : Activation::gelu_tanh,
-                        .gated = gated, .dropout = o.dropout, .place = {dt, dev}};
+                        .gated = gated,
+                        .dropout = o.dropout,
+                        .place = {dt, dev}};
   auto rng = std::make_shared<Generator>(o.seed);
   FeedForward teacher(fo, rng), student(fo, rng);
   teacher.eval();
@@ -66,11 +69,12 @@ int run(const Options& o) {
   const Tensor x_val = Tensor::randn({4096, o.d_model}, data, dt, dev);
   SGD sgd(student.parameters(), {.lr = o.lr, .momentum = o.momentum});
 
-  std::printf("ffn-demo: %s FFN d_model=%lld hidden=%lld (%lld parameters, %s), batch %lld, %d steps on %s\n",
-              o.ffn.c_str(), static_cast<long long>(o.d_model), static_cast<long long>(o.hidden),
-              static_cast<long long>(student.num_parameters()), dtype_name(dt),
-              static_cast<long long>(o.batch),
-              o.steps, dev.str().c_str());
+  std::printf(
+      "ffn-demo: %s FFN d_model=%lld hidden=%lld (%lld parameters, %s), batch %lld, %d steps on "
+      "%s\n",
+      o.ffn.c_str(), static_cast<long long>(o.d_model), static_cast<long long>(o.hidden),
+      static_cast<long long>(student.num_parameters()), dtype_name(dt),
+      static_cast<long long>(o.batch), o.steps, dev.str().c_str());
   const double val0 = eval_loss(student, teacher, x_val);
   std::printf("step %5d  val_loss %.6f\n", 0, val0);
   const auto t0 = std::chrono::steady_clock::now();
@@ -89,9 +93,11 @@ int run(const Options& o) {
     if (step % o.log_every == 0 || step == o.steps) {
       const double l = loss.value().item();
       val = eval_loss(student, teacher, x_val);
-      FFN_CHECK(std::isfinite(l) && std::isfinite(val), "[ffn-demo] loss became non-finite at step ",
-                step, " (train ", l, ", val ", val, "); try a smaller --lr");
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      FFN_CHECK(std::isfinite(l) && std::isfinite(val),
+                "[ffn-demo] loss became non-finite at step ", step, " (train ", l, ", val ", val,
+                "); try a smaller --lr");
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("step %5d  train_loss %.6f  val_loss %.6f  %6.1f steps/s  ETA %5.1f s\n", step, l,
                   val, step / secs, (o.steps - step) * secs / step);
       std::fflush(stdout);
@@ -105,21 +111,40 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"ffn-demo: train a fused FFN to imitate a random teacher FFN (the main job until "
-               "ffn-train lands). Uses the GPU when there is one."};
+  CLI::App app{
+      "ffn-demo: train a fused FFN to imitate a random teacher FFN (the main job until "
+      "ffn-train lands). Uses the GPU when there is one."};
   app.add_option("--device", o.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--ffn", o.ffn, "FFN type")->check(CLI::IsMember({"gelu", "geglu", "swiglu"}))->capture_default_str();
+  app.add_option("--ffn", o.ffn, "FFN type")
+      ->check(CLI::IsMember({"gelu", "geglu", "swiglu"}))
+      ->capture_default_str();
   app.add_option("--dtype", o.dtype, "f32, or bf16/f16 on a GPU (fp32 master weights)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
-  app.add_option("--d-model", o.d_model, "Model width")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--hidden", o.hidden, "Hidden width h")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch", o.batch, "Rows per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--steps", o.steps, "Training steps")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--log-every", o.log_every, "Steps between progress lines")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", o.lr, "SGD learning rate")->check(CLI::Range(1e-9, 10.0))->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999))->capture_default_str();
-  app.add_option("--dropout", o.dropout, "Dropout on the hidden activation")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  app.add_option("--d-model", o.d_model, "Model width")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--hidden", o.hidden, "Hidden width h")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch", o.batch, "Rows per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "Training steps")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--log-every", o.log_every, "Steps between progress lines")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "SGD learning rate")
+      ->check(CLI::Range(1e-9, 10.0))
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")
+      ->check(CLI::Range(0.0, 0.999))
+      ->capture_default_str();
+  app.add_option("--dropout", o.dropout, "Dropout on the hidden activation")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of weights and data")->capture_default_str();
   try {
     app.parse(argc, argv);

@@ -40,7 +40,9 @@ struct DevicePool {
 std::mutex g_mu;
 std::unordered_map<int, DevicePool> g_pools;
 
-double mib(size_t b) { return static_cast<double>(b) / (1 << 20); }
+double mib(size_t b) {
+  return static_cast<double>(b) / (1 << 20);
+}
 
 void release_cache_locked(int device, DevicePool& pool) {
   cuda::DeviceGuard guard(device);

@@ -46,13 +46,25 @@ PerDevice& get(int device) {
 }
 }  // namespace
 
-cudaStream_t stream(int device) { return get(device).stream; }
-cublasLtHandle_t cublaslt(int device) { return get(device).lt; }
-void* workspace(int device) { return get(device).workspace; }
-size_t workspace_bytes() { return kWorkspaceBytes; }
-const cudaDeviceProp& properties(int device) { return get(device).props; }
+cudaStream_t stream(int device) {
+  return get(device).stream;
+}
+cublasLtHandle_t cublaslt(int device) {
+  return get(device).lt;
+}
+void* workspace(int device) {
+  return get(device).workspace;
+}
+size_t workspace_bytes() {
+  return kWorkspaceBytes;
+}
+const cudaDeviceProp& properties(int device) {
+  return get(device).props;
+}
 
-void synchronize(int device) { FFN_CHECK_CUDA(cudaStreamSynchronize(stream(device))); }
+void synchronize(int device) {
+  FFN_CHECK_CUDA(cudaStreamSynchronize(stream(device)));
+}
 
 DeviceGuard::DeviceGuard(int device) {
   FFN_CHECK_CUDA(cudaGetDevice(&prev_));

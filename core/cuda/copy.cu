@@ -71,7 +71,8 @@ __global__ void normal_kernel(T* dst, int64_t n, uint64_t seed, uint64_t offset,
        b += int64_t{gridDim.x} * blockDim.x) {
     float z[4];
     philox_normal4(seed, offset, static_cast<uint64_t>(b), z);
-    for (int j = 0; j < 4 && 4 * b + j < n; ++j) dst[4 * b + j] = cuda::from_acc<T>(mean + std * z[j]);
+    for (int j = 0; j < 4 && 4 * b + j < n; ++j)
+      dst[4 * b + j] = cuda::from_acc<T>(mean + std * z[j]);
   }
 }
 
@@ -96,8 +97,8 @@ void copy_same_device(const Tensor& dst, const Tensor& src) {
   cudaStream_t s = cuda::stream(dev);
   const int64_t n = dst.numel();
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
-    FFN_CHECK_CUDA(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(),
-                                   cudaMemcpyDeviceToDevice, s));
+    FFN_CHECK_CUDA(
+        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice, s));
     return;
   }
   const bool contiguous = dst.is_contiguous() && src.is_contiguous();

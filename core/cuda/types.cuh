@@ -35,17 +35,28 @@ using device_t = typename DeviceType<T>::type;
 template <class T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float to_acc(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_acc(float v) {
+  return v;
+}
+__device__ __forceinline__ double to_acc(double v) {
+  return v;
+}
 
 // Rounds a float/double math value to element type T (nearest even).
 template <class T, class A>
 __device__ __forceinline__ T from_acc(A v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 // Grid for a grid-stride loop over n items with `threads` per block.

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "kernels/checks.h"
 #include "kernels/cpu/mask.h"
 
 namespace ffn {

@@ -4,16 +4,19 @@
 #include <vector>
 
 #include "core/dispatch.h"
-#include "kernels/bias_dropout.h"  // detail::check_*
+#include "kernels/checks.h"
 #include "kernels/cpu/mask.h"
 
 namespace ffn {
 
 const char* activation_name(Activation a) {
   switch (a) {
-    case Activation::gelu_erf: return "gelu_erf";
-    case Activation::gelu_tanh: return "gelu_tanh";
-    case Activation::silu: return "silu";
+    case Activation::gelu_erf:
+      return "gelu_erf";
+    case Activation::gelu_tanh:
+      return "gelu_tanh";
+    case Activation::silu:
+      return "silu";
   }
   return "?";
 }

@@ -1,7 +1,7 @@
 // kernels/cpu/checks.cpp — argument checks shared by the fused elementwise ops.
 #include <cmath>
 
-#include "kernels/bias_dropout.h"
+#include "kernels/checks.h"
 
 namespace ffn::detail {
 

@@ -22,10 +22,10 @@ void validate(const Tensor& a, const Tensor& b, const Tensor& c, const GemmArgs&
   const int64_t k = args.trans_a ? a.size(0) : a.size(1);
   const int64_t kb = args.trans_b ? b.size(1) : b.size(0);
   const int64_t n = args.trans_b ? b.size(0) : b.size(1);
-  FFN_CHECK(k == kb, "[gemm] inner dimensions differ: op(a) is [", m, ", ", k, "] (a.shape=",
-            shape_str(a.shape()), (args.trans_a ? ", transposed" : ""), ") but op(b) is [", kb,
-            ", ", n, "] (b.shape=", shape_str(b.shape()), (args.trans_b ? ", transposed" : ""),
-            ")");
+  FFN_CHECK(k == kb, "[gemm] inner dimensions differ: op(a) is [", m, ", ", k,
+            "] (a.shape=", shape_str(a.shape()), (args.trans_a ? ", transposed" : ""),
+            ") but op(b) is [", kb, ", ", n, "] (b.shape=", shape_str(b.shape()),
+            (args.trans_b ? ", transposed" : ""), ")");
   FFN_CHECK(c.size(0) == m && c.size(1) == n, "[gemm] c.shape=", shape_str(c.shape()),
             " but op(a)·op(b) is [", m, ", ", n, "]");
   FFN_CHECK(c.is_contiguous(), "[gemm] c must be contiguous");
@@ -72,12 +72,18 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
     auto C = as_matrix<T>(c);
     const T alpha = static_cast<T>(args.alpha), beta = static_cast<T>(args.beta);
     MatRM<T> prod;
-    if (!args.trans_a && !args.trans_b) prod.noalias() = A * B;
-    else if (args.trans_a && !args.trans_b) prod.noalias() = A.transpose() * B;
-    else if (!args.trans_a && args.trans_b) prod.noalias() = A * B.transpose();
-    else prod.noalias() = A.transpose() * B.transpose();
-    if (beta == T(0)) C = alpha * prod;  // beta = 0 ignores C (it may hold NaN garbage)
-    else C = alpha * prod + beta * C;
+    if (!args.trans_a && !args.trans_b)
+      prod.noalias() = A * B;
+    else if (args.trans_a && !args.trans_b)
+      prod.noalias() = A.transpose() * B;
+    else if (!args.trans_a && args.trans_b)
+      prod.noalias() = A * B.transpose();
+    else
+      prod.noalias() = A.transpose() * B.transpose();
+    if (beta == T(0))
+      C = alpha * prod;  // beta = 0 ignores C (it may hold NaN garbage)
+    else
+      C = alpha * prod + beta * C;
     if (args.bias.defined()) {
       const T* bias = args.bias.data<T>();
       for (int64_t i = 0; i < C.rows(); ++i)

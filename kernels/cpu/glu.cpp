@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
-#include "kernels/bias_dropout.h"  // detail::check_*
+#include "kernels/checks.h"
 #include "kernels/cpu/mask.h"
 
 namespace ffn {

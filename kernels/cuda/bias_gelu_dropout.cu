@@ -111,8 +111,8 @@ void dropout_dgelu_dbias(const Tensor& dhd, const Tensor& z, const Tensor& b, Ac
   const int64_t m = z.size(0), n = z.size(1);
   FFN_DISPATCH_ALL(z.dtype(), "dropout_dgelu_dbias", [&]<class H>() {
     using T = device_t<H>;
-    const DgeluDbias<T> op{dptr<T>(dhd), dptr<T>(z), dptr<T>(b), dptr<T>(dpre), dptr<T>(hd),
-                           n,            act,        DeviceMask::from(d)};
+    const DgeluDbias<T> op{dptr<T>(dhd), dptr<T>(z), dptr<T>(b), dptr<T>(dpre),
+                           dptr<T>(hd),  n,          act,        DeviceMask::from(d)};
     const bool aligned = can_vectorize(16 / sizeof(T), n, {op.dhd, op.z, op.b, op.dpre, op.hd});
     launch_rowwise<T>(op, aligned, m, n, dev, dptr<T>(db));
   });

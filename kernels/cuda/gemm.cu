@@ -10,7 +10,9 @@
 // candidate alone was up to 24% slower than PyTorch's choice on geglu_d1024's
 // GEMMs, H100); FFN_GEMM_TUNE=0 turns that off. The choice is fixed for the rest of
 // the process, so repeated steps stay bitwise identical. fp32 runs in true fp32
-// (no TF32); bf16/f16 use fp32 accumulation; f64 runs in f64.
+// (no TF32); bf16/f16 use fp32 accumulation; f64 runs in f64. A cached plan's bias
+// pointer is set per call, so GEMMs on one device are issued from one thread (the
+// owner of its compute stream, Note [One compute stream]).
 #define FFN_CUBLAS_CHECKS 1
 #include <cublasLt.h>
 
@@ -62,10 +64,14 @@ int alignment_of(std::initializer_list<const void*> ptrs) {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::f64: return CUDA_R_64F;
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
+    case DType::f64:
+      return CUDA_R_64F;
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
   }
   return CUDA_R_32F;
 }
@@ -117,11 +123,14 @@ Plan make_plan(const Key& key, const void* a_ptr, const void* b_ptr, const void*
   // Cᵀ[n, m] = op(B')[n, k] · op(A')[k, m] with B' = row-major B, A' = row-major A.
   const cublasOperation_t opa = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-  FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+  FFN_CHECK_CUBLAS(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+  FFN_CHECK_CUBLAS(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
   if (key.bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    FFN_CHECK_CUBLAS(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   }
   // Column-major shapes of the row-major buffers: B is [k, n] (or [n, k] when tb).
   const uint64_t b_rows = key.tb ? key.k : key.n, b_cols = key.tb ? key.n : key.k;
@@ -142,8 +151,9 @@ Plan make_plan(const Key& key, const void* a_ptr, const void* b_ptr, const void*
                            CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   FFN_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
     FFN_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al)));
   constexpr int kCandidates = 8;
   cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
@@ -153,7 +163,8 @@ Plan make_plan(const Key& key, const void* a_ptr, const void* b_ptr, const void*
   cublasLtMatmulPreferenceDestroy(pref);
   FFN_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "[gemm] cuBLASLt has no algorithm for ",
             dtype_name(key.dtype), " m=", key.m, " n=", key.n, " k=", key.k, (key.ta ? " Aᵀ" : ""),
-            (key.tb ? " Bᵀ" : ""), " (alignment ", key.align, " bytes): ", cublasGetStatusString(st));
+            (key.tb ? " Bᵀ" : ""), " (alignment ", key.align,
+            " bytes): ", cublasGetStatusString(st));
   p.algo = results[0].algo;
   const double volume = static_cast<double>(key.m) * key.n * key.k;
   if (found > 1 && volume >= 1073741824.0 && tuning_enabled()) {
@@ -180,13 +191,22 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   const int64_t k = args.trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty reduction: c = beta·c (+ bias)
-    if (args.beta == 0.0) c.zero_();
-    else if (args.beta != 1.0) c.add_(c.clone(), args.beta - 1.0);
+    if (args.beta == 0.0)
+      c.zero_();
+    else if (args.beta != 1.0)
+      c.add_(c.clone(), args.beta - 1.0);
     if (args.bias.defined()) bias_add(c, args.bias, c);
     return;
   }
   const void* bias_ptr = args.bias.defined() ? args.bias.data_ptr() : nullptr;
-  const Key key{dev, m, n, k, args.trans_a, args.trans_b, bias_ptr != nullptr, c.dtype(),
+  const Key key{dev,
+                m,
+                n,
+                k,
+                args.trans_a,
+                args.trans_b,
+                bias_ptr != nullptr,
+                c.dtype(),
                 alignment_of({a.data_ptr(), b.data_ptr(), c.data_ptr(), bias_ptr})};
   Plan plan;
   {

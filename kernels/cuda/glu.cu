@@ -127,8 +127,8 @@ void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Ac
   const int64_t m = z.size(0), h = z.size(1) / 2;
   FFN_DISPATCH_ALL(z.dtype(), "dropout_dglu_dbias", [&]<class H>() {
     using T = device_t<H>;
-    const DgluDbias<T> op{dptr<T>(dout), dptr<T>(z), dptr<T>(b), dptr<T>(dz), dptr<T>(out),
-                          h,             act,        DeviceMask::from(d)};
+    const DgluDbias<T> op{dptr<T>(dout), dptr<T>(z), dptr<T>(b), dptr<T>(dz),
+                          dptr<T>(out),  h,          act,        DeviceMask::from(d)};
     const bool aligned = can_vectorize(16 / sizeof(T), h, {op.dout, op.z, op.b, op.dz, op.out});
     launch_rowwise<T>(op, aligned, m, h, dev, dptr<T>(db));
   });

@@ -112,8 +112,7 @@ constexpr int kMinBlocksPerSm = 3;
 
 template <class Op, int VEC>
 __global__ void __launch_bounds__(32 * kRowwiseWarps, kMinBlocksPerSm)
-    rowwise_kernel(Op op, int64_t m, int64_t n, int64_t rows_per_chunk,
-                   typename Op::A* partials) {
+    rowwise_kernel(Op op, int64_t m, int64_t n, int64_t rows_per_chunk, typename Op::A* partials) {
   using A = typename Op::A;
   constexpr int kS = Op::kSums > 0 ? Op::kSums : 1;
   constexpr int U = Op::kUnroll;
@@ -193,7 +192,8 @@ void launch_rowwise(const Op& op, bool aligned, int64_t m, int64_t n, int device
   const dim3 block(32, kRowwiseWarps);
   if (m > 0 && n > 0) {
     if (aligned) {
-      const dim3 grid(static_cast<unsigned>((n / kVec + 31) / 32), static_cast<unsigned>(rc.chunks));
+      const dim3 grid(static_cast<unsigned>((n / kVec + 31) / 32),
+                      static_cast<unsigned>(rc.chunks));
       rowwise_kernel<Op, kVec><<<grid, block, 0, stream>>>(op, m, n, rc.rows_per_chunk, part);
     } else {
       const dim3 grid(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>(rc.chunks));

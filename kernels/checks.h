@@ -1,0 +1,18 @@
+// kernels/checks.h — argument checks shared by the fused elementwise ops' front doors
+// (defined in kernels/cpu/checks.cpp). Each names the op and the offending values.
+#pragma once
+
+#include "core/philox.h"
+#include "core/tensor.h"
+
+namespace ffn::detail {
+
+// p must be a number in [0, 1].
+void check_dropout(const DropoutSpec& d, const char* op);
+// Defined and 2-D.
+void check_matrix(const Tensor& t, const char* op, const char* name);
+// Defined, of `shape`, on ref's device and dtype, contiguous (outputs are written in place).
+void check_like(const Tensor& t, const Tensor& ref, const Shape& shape, const char* op,
+                const char* name);
+
+}  // namespace ffn::detail
