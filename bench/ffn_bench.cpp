@@ -118,6 +118,73 @@ void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iter
   }
 }
 
+// For each place a cuBLASLt epilogue could replace one of our kernels, times both ways
+// on the workload's shapes (dropout off: the epilogues cannot apply a mask).
+void epilogue_comparison(const bench::Workload& w, int device, int warmup, int iters) {
+  if (!w.d_out || w.gated) return;  // no fc2, or GLU (cuBLASLt has no GLU epilogue)
+  const Device dev = Device::cuda(device);
+  Generator g(8);
+  const int64_t hidden = w.h1 ? w.h1 : w.d;
+  auto report = [&](const char* place, double ours, double epi) {
+    std::printf(
+        "{\"epilogue\": \"%s\", \"workload\": \"%s\", \"ours_ms\": %.4f, "
+        "\"epilogue_ms\": %.4f, \"epilogue_over_ours\": %.3f}\n",
+        place, w.name.c_str(), ours, epi, epi / ours);
+  };
+  auto t = [&](auto&& f) { return median_ms(device, warmup, iters, f); };
+  const Tensor hd_in = Tensor::randn({w.m, hidden}, g, w.dtype, dev);
+  const Tensor w2 = Tensor::randn({w.d_out, hidden}, g, w.dtype, dev, 0.0, 0.02);
+  const Tensor b2 = Tensor::randn({w.d_out}, g, w.dtype, dev);
+  const Tensor dy = Tensor::randn({w.m, w.d_out}, g, w.dtype, dev);
+  Tensor y = Tensor::empty({w.m, w.d_out}, w.dtype, dev),
+         dw2 = Tensor::empty({w.d_out, hidden}, w.dtype, dev);
+  Tensor db2 = Tensor::empty({w.d_out}, w.dtype, dev);
+  // fc2 forward bias: GEMM + bias_dropout(p = 0) vs BIAS.
+  report("BIAS (fc2 forward)", t([&] {
+           gemm(hd_in, w2, y, {.trans_b = true});
+           bias_dropout(y, b2, {}, y);
+         }),
+         t([&] { gemm(hd_in, w2, y, {.trans_b = true, .bias = b2}); }));
+  // db2: bias_grad kernel + dW2 GEMM vs BGRADB on the dW2 GEMM.
+  report("BGRADB (db2 with dW2)", t([&] {
+           bias_grad(dy, db2);
+           gemm(dy, hd_in, dw2, {.trans_a = true});
+         }),
+         t([&] {
+           gemm(dy, hd_in, dw2,
+                {.trans_a = true, .epilogue = GemmEpilogue::bgrad_a, .bias_grad = db2});
+         }));
+  if (!w.h1 || w.act != Activation::gelu_tanh) return;
+  const Tensor x = Tensor::randn({w.m, w.d}, g, w.dtype, dev);
+  const Tensor w1 = Tensor::randn({w.h1, w.d}, g, w.dtype, dev, 0.0, 0.02);
+  const Tensor b1 = Tensor::randn({w.h1}, g, w.dtype, dev);
+  Tensor z = Tensor::empty({w.m, w.h1}, w.dtype, dev),
+         hd = Tensor::empty({w.m, w.h1}, w.dtype, dev);
+  Tensor aux = Tensor::empty({w.m, w.h1}, w.dtype, dev),
+         dhd = Tensor::empty({w.m, w.h1}, w.dtype, dev);
+  Tensor dz = Tensor::empty({w.m, w.h1}, w.dtype, dev), db1 = Tensor::empty({w.h1}, w.dtype, dev);
+  // fc1 forward: GEMM + bias_gelu_dropout(p = 0) vs GELU_AUX_BIAS (writes hd and the saved pre).
+  report("GELU_AUX_BIAS (fc1 forward)", t([&] {
+           gemm(x, w1, z, {.trans_b = true});
+           bias_gelu_dropout(z, b1, Activation::gelu_tanh, {}, hd);
+         }),
+         t([&] {
+           gemm(x, w1, hd,
+                {.trans_b = true, .bias = b1, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = aux});
+         }));
+  // fc1 backward middle: dhd GEMM + dropout_dgelu_dbias (dz, db1, hd for dW2) vs DGELU_BGRAD
+  // (dz, db1) + a pass recomputing hd = gelu(pre) for dW2.
+  const Tensor dz2 = dy;
+  report("DGELU_BGRAD (fc1 backward)", t([&] {
+           gemm(dz2, w2, dhd);
+           dropout_dgelu_dbias(dhd, z, b1, Activation::gelu_tanh, {}, dz, &db1, &hd);
+         }),
+         t([&] {
+           gemm(dz2, w2, dz, {.epilogue = GemmEpilogue::dgelu_bgrad, .aux = aux, .bias_grad = db1});
+           activation_forward(aux, Activation::gelu_tanh, hd);
+         }));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,7 +192,7 @@ int main(int argc, char** argv) {
       "ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
   std::vector<std::string> only;
   int iters = 30, warmup = 5, device = 0;
-  bool recompute = false, kernels = false;
+  bool recompute = false, kernels = false, epilogues = false;
   app.add_option("--workload", only, "Run only these workloads (default: all)");
   app.add_option("--iters", iters, "Timed iterations (median is reported)")
       ->check(CLI::PositiveNumber);
@@ -133,6 +200,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "CUDA device index")->check(CLI::NonNegativeNumber);
   app.add_flag("--recompute", recompute, "Recompute z = x·W1ᵀ in backward instead of saving it");
   app.add_flag("--kernels", kernels, "Also time each fused elementwise kernel alone (GB/s)");
+  app.add_flag(
+      "--epilogues", epilogues,
+      "Also time cuBLASLt epilogues against our kernels where one could replace the other");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -151,7 +221,7 @@ int main(int argc, char** argv) {
       auto step = [&]() {
         const FfnDropout d{drop.dropout(w.p_hidden), drop.dropout(w.p_out)};
         FfnForward f = ffn_forward(in.x, in.p, cfg, d);
-        ffn_backward(in.dy, in.x, f.z, in.p, cfg, d, true);
+        ffn_backward(in.dy, in.x, f, in.p, cfg, d, true);
         return f.z.defined() ? f.z.nbytes() : size_t{0};
       };
       size_t saved = step();
@@ -192,6 +262,7 @@ int main(int argc, char** argv) {
           ms, floor_ms, ms / floor_ms, flops / ms / 1e9, flops / floor_ms / 1e9, saved, peak);
       std::fflush(stdout);
       if (kernels) kernel_breakdown(w, device, warmup, iters);
+      if (epilogues) epilogue_comparison(w, device, warmup, iters);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "ffn-bench: %s\n", e.what());

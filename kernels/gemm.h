@@ -4,13 +4,27 @@
 // op(x) = xᵀ when the matching trans flag is set. All tensors 2-D and
 // row-major; a and b may be any (contiguous) views, c must be contiguous. c is
 // overwritten when beta = 0 and accumulated into (+=) otherwise.
-// CPU: Eigen, f64/f32. CUDA: cuBLASLt, f32/bf16/f16 with fp32 accumulation
-// (bias through the BIAS epilogue).
+// CPU: Eigen, f64/f32. CUDA: cuBLASLt, f32/bf16/f16 with fp32 accumulation.
+//
+// Epilogues (cuBLASLt's, with the same math in the CPU reference), with
+// p = alpha · op(a) · op(b):
+//   none           c = p + beta·c (+ bias)                             (BIAS)
+//   gelu_aux_bias  aux = p + bias;  c = gelu_tanh(aux)                  (GELU_AUX_BIAS)
+//   dgelu_bgrad    c = p ⊙ gelu_tanh'(aux);  bias_grad = Σ_rows c       (DGELU_BGRAD)
+//   bgrad_a        c = p + beta·c;  bias_grad[i] = Σ_k op(a)[i, k]      (BGRADB: our a is
+//                                                                        cuBLASLt's B)
+// aux is [m, n] (written or read); bias_grad ([n] or [m]) is overwritten (=). The GELU
+// epilogues need beta = 0 and, on the GPU, n divisible by 8 and a 16-bit dtype:
+// cuBLASLt evaluates their tanh approximately (absolute error up to 4e-6 in f32,
+// measured on an H100), below bf16/f16 rounding but not f32's. bench/RESULTS.md has
+// the measurements deciding where the layers use which epilogue.
 #pragma once
 
 #include "core/tensor.h"
 
 namespace ffn {
+
+enum class GemmEpilogue : uint8_t { none, gelu_aux_bias, dgelu_bgrad, bgrad_a };
 
 struct GemmArgs {
   bool trans_a = false;
@@ -18,6 +32,9 @@ struct GemmArgs {
   double alpha = 1.0;
   double beta = 0.0;
   Tensor bias;  // optional, shape [c.cols]
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  Tensor aux;        // gelu_aux_bias (written), dgelu_bgrad (read): [m, n]
+  Tensor bias_grad;  // dgelu_bgrad: [n]; bgrad_a: [m] (written)
 };
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args = {});

@@ -12,7 +12,8 @@
 // Note [FFN saved state]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // Between forward and backward the block keeps x (its input, owned by the
-// caller), z (unless recompute is on or W1 is absent) and the two DropoutSpecs.
+// caller), z (unless recompute is on or W1 is absent; z + b1 when fc1 ran with the
+// GELU_AUX_BIAS epilogue) and the two DropoutSpecs.
 // Never the mask, never hd or the activation: backward regenerates the mask
 // from the specs and recomputes hd from z in the same kernel that computes dz
 // and db1 (dropout_dgelu_dbias / dropout_dglu_dbias).
@@ -42,6 +43,8 @@ struct FfnDropout {
 struct FfnForward {
   Tensor y;
   Tensor z;  // the saved activation; undefined with recompute or without W1
+  // z already holds z + b1 (the GELU_AUX_BIAS epilogue path, see ffn_forward).
+  bool z_has_bias = false;
 };
 
 struct FfnGrads {
@@ -54,8 +57,10 @@ void ffn_check(const Tensor& x, const FfnParams& p, const FfnConfig& cfg, const 
 FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg,
                        const FfnDropout& d);
 
-// `z` is FfnForward::z (undefined when it was not saved). need_dx = false skips dx.
-FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const Tensor& z, const FfnParams& p,
-                      const FfnConfig& cfg, const FfnDropout& d, bool need_dx = true);
+// `saved` is ffn_forward's result (its z may be undefined with recompute); its y is not
+// used. need_dx = false skips dx.
+FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved,
+                      const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d,
+                      bool need_dx = true);
 
 }  // namespace ffn

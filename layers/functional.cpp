@@ -78,18 +78,20 @@ class MseNode final : public Node {
 // Inputs: x, w1, b1, w2, b2 (absent ones are undefined Vars). Saves z (Note [FFN saved state]).
 class FfnNode final : public Node {
  public:
-  FfnNode(const FfnConfig& cfg, const FfnDropout& d, Tensor z)
-      : cfg_(cfg), d_(d), z_(std::move(z)) {}
+  FfnNode(const FfnConfig& cfg, const FfnDropout& d, FfnForward saved)
+      : cfg_(cfg), d_(d), saved_(std::move(saved)) {
+    saved_.y = Tensor();  // the output belongs to the caller
+  }
   const char* name() const override { return cfg_.gated ? "gated_feed_forward" : "feed_forward"; }
   std::vector<Tensor> backward(Tensor d_out) override {
     const Tensor& x = inputs[0].value();
     const FfnParams p = params();
     const FfnGrads g =
-        ffn_backward(d_out.view_2d(), x.view_2d(), z_, p, cfg_, d_, inputs[0].requires_grad());
+        ffn_backward(d_out.view_2d(), x.view_2d(), saved_, p, cfg_, d_, inputs[0].requires_grad());
     return {g.dx.defined() ? g.dx.reshape(x.shape()) : Tensor(), g.dw1, g.db1, g.dw2, g.db2};
   }
-  void release() override { z_ = Tensor(); }
-  size_t saved_bytes() const override { return z_.defined() ? z_.nbytes() : 0; }
+  void release() override { saved_.z = Tensor(); }
+  size_t saved_bytes() const override { return saved_.z.defined() ? saved_.z.nbytes() : 0; }
 
  private:
   FfnParams params() const {
@@ -98,7 +100,7 @@ class FfnNode final : public Node {
   }
   FfnConfig cfg_;
   FfnDropout d_;
-  Tensor z_;
+  FfnForward saved_;  // z (and whether it includes b1); never y
 };
 
 Tensor value_or_empty(const Var& v) {
@@ -150,9 +152,8 @@ Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2
   FFN_CHECK(xv.dim() >= 1, "[ffn] x must have at least one dimension");
   const FfnParams p{value_or_empty(w1), value_or_empty(b1), value_or_empty(w2), value_or_empty(b2)};
   FfnForward f = ffn_forward(xv.view_2d(), p, cfg, d);
-  const Shape out_shape = with_last(xv.shape(), f.y.size(1));
-  return make_output(f.y.reshape(out_shape), std::make_shared<FfnNode>(cfg, d, std::move(f.z)),
-                     {x, w1, b1, w2, b2});
+  const Tensor y = f.y.reshape(with_last(xv.shape(), f.y.size(1)));
+  return make_output(y, std::make_shared<FfnNode>(cfg, d, std::move(f)), {x, w1, b1, w2, b2});
 }
 
 }  // namespace ffn::fn

@@ -71,6 +71,53 @@ TEST_CASE("gemm matches a naive product for every transpose combination") {
   check_close(c, Tensor::from_vector(ev, {4, 5}, DType::f64), 1e-12, 1e-12, "gemm alpha/beta");
 }
 
+TEST_CASE("gemm epilogues: gelu_aux_bias, dgelu_bgrad, bgrad_a") {
+  Generator g(9);
+  const int64_t m = 13, k = 7, n = 16;
+  const Tensor a = rand64({m, k}, g), b = rand64({n, k}, g), bias = rand64({n}, g);
+  const Tensor plain = matmul(a, b, {.trans_b = true});
+  const auto pv = plain.to_vector(), bv = bias.to_vector();
+  // gelu_aux_bias: aux = p + bias, c = gelu_tanh(aux)
+  Tensor aux = Tensor::empty({m, n}, DType::f64);
+  const Tensor c1 = matmul(
+      a, b, {.trans_b = true, .bias = bias, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = aux});
+  std::vector<double> ea(m * n), ec(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      ea[i * n + j] = pv[i * n + j] + bv[j];
+      ec[i * n + j] = act_math::value(ea[i * n + j], Activation::gelu_tanh);
+    }
+  check_close(aux, Tensor::from_vector(ea, {m, n}, DType::f64), 1e-14, 1e-12, "gelu_aux_bias aux");
+  check_close(c1, Tensor::from_vector(ec, {m, n}, DType::f64), 1e-14, 1e-12, "gelu_aux_bias c");
+  // dgelu_bgrad: c = p ⊙ gelu'(aux), bias_grad = Σ_rows c
+  Tensor db = Tensor::empty({n}, DType::f64);
+  const Tensor c2 = matmul(
+      a, b, {.trans_b = true, .epilogue = GemmEpilogue::dgelu_bgrad, .aux = aux, .bias_grad = db});
+  std::vector<double> ed(m * n), edb(n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      ed[i * n + j] = pv[i * n + j] * act_math::grad(ea[i * n + j], Activation::gelu_tanh);
+      edb[j] += ed[i * n + j];
+    }
+  check_close(c2, Tensor::from_vector(ed, {m, n}, DType::f64), 1e-14, 1e-12, "dgelu_bgrad c");
+  check_close(db, Tensor::from_vector(edb, {n}, DType::f64), 1e-12, 1e-12, "dgelu_bgrad bias_grad");
+  // bgrad_a on dW = dyᵀ·h: bias_grad = Σ_rows dy (the db of a linear layer)
+  const Tensor dy = rand64({m, n}, g), h = rand64({m, k}, g);
+  Tensor db2 = Tensor::empty({n}, DType::f64), db2_ref = Tensor::empty({n}, DType::f64);
+  const Tensor dw =
+      matmul(dy, h, {.trans_a = true, .epilogue = GemmEpilogue::bgrad_a, .bias_grad = db2});
+  bias_grad(dy, db2_ref);
+  check_close(db2, db2_ref, 1e-12, 1e-12, "bgrad_a");
+  check_close(dw, matmul(dy, h, {.trans_a = true}), 0, 0, "bgrad_a product");
+  Tensor cc = Tensor::zeros({m, n}, DType::f64);
+  CHECK_THROWS_WITH_AS(
+      gemm(a, b, cc,
+           {.trans_b = true, .beta = 1.0, .epilogue = GemmEpilogue::dgelu_bgrad, .aux = aux}),
+      doctest::Contains("[gemm] the GELU epilogues need beta = 0"), Error);
+  CHECK_THROWS_WITH_AS(matmul(a, b, {.trans_b = true, .epilogue = GemmEpilogue::bgrad_a}),
+                       doctest::Contains("[gemm] bias_grad is an undefined tensor"), Error);
+}
+
 TEST_CASE("gemm rejects mismatched shapes, dtypes and ranks") {
   Tensor a = Tensor::zeros({4, 3}), b = Tensor::zeros({5, 2});
   CHECK_THROWS_WITH_AS(matmul(a, b), doctest::Contains("[gemm] inner dimensions differ"), Error);

@@ -42,19 +42,21 @@ Tensor exact(const Tensor& x64, DType dt) {
   return x64.to(dt).to(DType::f64);
 }
 
+// `rtol32` and `factor16` loosen the rule for cuBLASLt's GELU epilogues only (see below).
 void check_gpu(const Tensor& gpu, const Tensor& ref64, const Tensor& naive32, DType dt,
-               double reduce_len, double max_term, const std::string& what) {
+               double reduce_len, double max_term, const std::string& what, double rtol32 = 1e-5,
+               double factor16 = 2.0) {
   const Tensor g = gpu.to(Device::cpu()).to(DType::f64);
   for (double v : g.to_vector()) REQUIRE_MESSAGE(!std::isnan(v), what, ": NaN in GPU output");
   if (dt == DType::f32) {
     const double atol =
         reduce_len > 1 ? reduce_len * std::ldexp(1.0, -23) * max_term : 1e-6 * max_abs(ref64);
-    check_close(g, ref64, atol, 1e-5, what);
+    check_close(g, ref64, atol, rtol32, what);
     return;
   }
   const double naive_err = max_abs_diff(naive32.to(dt).to(DType::f64), ref64);
   const double err = max_abs_diff(g, ref64);
-  CHECK_MESSAGE(err <= 2 * naive_err + 1e-6 * max_abs(ref64), what, " ", dtype_name(dt),
+  CHECK_MESSAGE(err <= factor16 * naive_err + 1e-6 * max_abs(ref64), what, " ", dtype_name(dt),
                 ": gpu error ", err, " vs naive error ", naive_err);
 }
 
@@ -312,4 +314,65 @@ FFN_GPU_TEST("elementwise kernels index past 2^31 elements") {
     bad += std::fabs(dbv[c] - expect) > 0.01 * std::fabs(expect);
   }
   CHECK(bad == 0);
+}
+
+FFN_GPU_TEST("gemm epilogues on the GPU match the CPU reference") {
+  Generator g(57);
+  const int64_t dims[][3] = {{1, 8, 1}, {37, 64, 13}, {256, 4096, 1024}};
+  for (auto& dm : dims)
+    for (DType dt : kDtypes) {
+      const int64_t m = dm[0], n = dm[1], k = dm[2];
+      const std::string dtype = dtype_name(dt);
+      CAPTURE(dtype);
+      CAPTURE(m);
+      CAPTURE(n);
+      CAPTURE(k);
+      const Tensor a = exact(rand64({m, k}, g), dt), b = exact(rand64({n, k}, g), dt),
+                   bias = exact(rand64({n}, g), dt), aux_in = exact(rand64({m, n}, g, 3.0), dt);
+      // Runs the epilogues at dtype t on device dev: {dW, db} from bgrad_a, then (GELU
+      // epilogues) {c1, aux, c2, db}.
+      auto run = [&](DType t, Device dev, bool gelu) {
+        std::vector<Tensor> o = {Tensor(), Tensor::empty({n}, t, dev)};
+        const Tensor at = a.to(t).to(dev), bt = b.to(t).to(dev);
+        // dW = dyᵀ·a with dy = aux_in [m, n]: bias_grad = Σ_rows dy, [n]
+        o[0] = matmul(aux_in.to(t).to(dev), at,
+                      {.trans_a = true, .epilogue = GemmEpilogue::bgrad_a, .bias_grad = o[1]});
+        if (!gelu) return o;
+        Tensor aux = Tensor::empty({m, n}, t, dev), db = Tensor::empty({n}, t, dev);
+        const Tensor c1 = matmul(at, bt,
+                                 {.trans_b = true,
+                                  .bias = bias.to(t).to(dev),
+                                  .epilogue = GemmEpilogue::gelu_aux_bias,
+                                  .aux = aux});
+        const Tensor c2 = matmul(at, bt,
+                                 {.trans_b = true,
+                                  .epilogue = GemmEpilogue::dgelu_bgrad,
+                                  .aux = aux_in.to(t).to(dev),
+                                  .bias_grad = db});
+        o.insert(o.end(), {c1, aux, c2, db});
+        return o;
+      };
+      const bool gelu = dt != DType::f32;
+      const auto r64 = run(DType::f64, Device::cpu(), gelu),
+                 r32 = run(DType::f32, Device::cpu(), gelu);
+      const auto gpu = run(dt, kGpu, gelu);
+      check_gpu(gpu[0], r64[0], r32[0], dt, double(m), 3, "bgrad_a product");
+      check_gpu(gpu[1], r64[1], r32[1], dt, double(m), 3, "bgrad_a bias_grad");
+      if (!gelu) {
+        // f32 is refused: cuBLASLt's approximate tanh is below 16-bit rounding only.
+        Tensor aux = Tensor::empty({m, n}, dt, kGpu);
+        CHECK_THROWS_WITH_AS(
+            matmul(a.to(dt).to(kGpu), b.to(dt).to(kGpu),
+                   {.trans_b = true, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = aux}),
+            doctest::Contains("offered for bf16/f16 only; got f32"), Error);
+        continue;
+      }
+      // 16-bit: GELU_AUX_BIAS meets the 2x-naive rule; DGELU_BGRAD was measured at up to
+      // 2.4x the naive error (approximate tanh inside its derivative) and is held to 3x.
+      // The layers use GELU_AUX_BIAS only (DGELU_BGRAD is also slower, bench/RESULTS.md).
+      check_gpu(gpu[2], r64[2], r32[2], dt, double(k), 1, "gelu_aux_bias c");
+      check_gpu(gpu[3], r64[3], r32[3], dt, double(k), 1, "gelu_aux_bias aux");
+      check_gpu(gpu[4], r64[4], r32[4], dt, double(k), 1.2, "dgelu_bgrad c", 1e-5, 3.0);
+      check_gpu(gpu[5], r64[5], r32[5], dt, double(m) * k, 1.2, "dgelu_bgrad bias_grad", 1e-5, 3.0);
+    }
 }

@@ -276,35 +276,37 @@ LayerRun run_ffn(const FeedForwardOptions& base, DType dt, Device dev, const Ten
 
 }  // namespace
 
-FFN_GPU_TEST("FeedForward / GatedFeedForward on the GPU match the CPU with dropout on") {
+FFN_GPU_TEST("FeedForward / GatedFeedForward on the GPU match the CPU, dropout on and off") {
   Generator g(60);
   for (bool gated : {false, true})
     for (DType dt : {DType::f32, DType::bf16})
-      for (int64_t hidden : {7, 1600}) {
-        CAPTURE(gated);
-        const std::string dtype = std::string(dtype_name(dt));
-        CAPTURE(dtype);
-        CAPTURE(hidden);
-        const FeedForwardOptions opt{.d_model = 64,
-                                     .hidden = hidden,
-                                     .act = gated ? Activation::silu : Activation::gelu_tanh,
-                                     .gated = gated,
-                                     .dropout = 0.2f,
-                                     .out_dropout = 0.1f};
-        const Tensor x = rand64({3, 11, 64}, g).to(dt).to(DType::f64);  // representable in dt
-        const Tensor dy = rand64({3, 11, 64}, g).to(dt).to(DType::f64);
-        const LayerRun cpu = run_ffn(opt, DType::f64, Device::cpu(), x, dy);
-        const LayerRun gpu = run_ffn(opt, dt, Device::cuda(0), x, dy);
-        // f32: relative L2 within 1e-5 (fp32 GEMMs over ≤ 1600 terms); bf16: within 1e-2
-        // (bf16 storage of every intermediate; METHOD.md's range for bf16 operands).
-        const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
-        CHECK(ffn::test::rel_l2(gpu.y, cpu.y) <= tol);
-        const char* names[] = {"dx", "dW1", "db1", "dW2", "db2"};
-        for (size_t i = 0; i < cpu.grads.size(); ++i) {
-          INFO(names[i], " rel_l2 = ", ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]));
-          CHECK(ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]) <= tol);
+      for (int64_t hidden : {7, 1600})
+        for (float p : {0.2f, 0.0f}) {  // p = 0 runs fc1 through cuBLASLt's GELU_AUX_BIAS
+          CAPTURE(gated);
+          const std::string dtype = std::string(dtype_name(dt));
+          CAPTURE(dtype);
+          CAPTURE(hidden);
+          CAPTURE(p);
+          const FeedForwardOptions opt{.d_model = 64,
+                                       .hidden = hidden,
+                                       .act = gated ? Activation::silu : Activation::gelu_tanh,
+                                       .gated = gated,
+                                       .dropout = p,
+                                       .out_dropout = p / 2};
+          const Tensor x = rand64({3, 11, 64}, g).to(dt).to(DType::f64);  // representable in dt
+          const Tensor dy = rand64({3, 11, 64}, g).to(dt).to(DType::f64);
+          const LayerRun cpu = run_ffn(opt, DType::f64, Device::cpu(), x, dy);
+          const LayerRun gpu = run_ffn(opt, dt, Device::cuda(0), x, dy);
+          // f32: relative L2 within 1e-5 (fp32 GEMMs over ≤ 1600 terms); bf16: within 1e-2
+          // (bf16 storage of every intermediate; METHOD.md's range for bf16 operands).
+          const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
+          CHECK(ffn::test::rel_l2(gpu.y, cpu.y) <= tol);
+          const char* names[] = {"dx", "dW1", "db1", "dW2", "db2"};
+          for (size_t i = 0; i < cpu.grads.size(); ++i) {
+            INFO(names[i], " rel_l2 = ", ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]));
+            CHECK(ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]) <= tol);
+          }
         }
-      }
 }
 
 FFN_GPU_TEST("two runs of a GPU FFN step are bitwise identical") {

@@ -1,7 +1,10 @@
 // kernels/cpu/gemm.cpp — gemm's front door (validation, dispatch) and its Eigen reference.
 #include "kernels/gemm.h"
 
+#include <vector>
+
 #include "core/dispatch.h"
+#include "kernels/activation.h"
 #include "kernels/cpu/eigen.h"
 
 namespace ffn {
@@ -29,10 +32,30 @@ void validate(const Tensor& a, const Tensor& b, const Tensor& c, const GemmArgs&
   FFN_CHECK(c.size(0) == m && c.size(1) == n, "[gemm] c.shape=", shape_str(c.shape()),
             " but op(a)·op(b) is [", m, ", ", n, "]");
   FFN_CHECK(c.is_contiguous(), "[gemm] c must be contiguous");
-  if (args.bias.defined()) {
-    check_shape(args.bias, {n}, "gemm", "bias");
-    check_same_device(args.bias, c, "gemm", "bias", "c");
-    check_same_dtype(args.bias, c, "gemm", "bias", "c");
+  auto check_vec = [&](const Tensor& t, const Shape& shape, const char* name) {
+    check_shape(t, shape, "gemm", name);
+    check_same_device(t, c, "gemm", name, "c");
+    check_same_dtype(t, c, "gemm", name, "c");
+    FFN_CHECK(t.is_contiguous(), "[gemm] ", name, " must be contiguous");
+  };
+  if (args.bias.defined()) check_vec(args.bias, {n}, "bias");
+  switch (args.epilogue) {
+    case GemmEpilogue::none:
+      break;
+    case GemmEpilogue::gelu_aux_bias:
+    case GemmEpilogue::dgelu_bgrad:
+      FFN_CHECK(args.beta == 0.0, "[gemm] the GELU epilogues need beta = 0, got ", args.beta);
+      check_defined(args.aux, "gemm", "aux");
+      check_vec(args.aux, {m, n}, "aux");
+      if (args.epilogue == GemmEpilogue::dgelu_bgrad) {
+        FFN_CHECK(!args.bias.defined(), "[gemm] dgelu_bgrad takes no bias");
+        if (args.bias_grad.defined()) check_vec(args.bias_grad, {n}, "bias_grad");
+      }
+      break;
+    case GemmEpilogue::bgrad_a:
+      check_defined(args.bias_grad, "gemm", "bias_grad");
+      check_vec(args.bias_grad, {m}, "bias_grad");
+      break;
   }
 }
 }  // namespace
@@ -40,8 +63,7 @@ void validate(const Tensor& a, const Tensor& b, const Tensor& c, const GemmArgs&
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   validate(a, b, c, args);
   const Tensor ac = a.contiguous(), bc = b.contiguous();
-  GemmArgs cargs = args;
-  if (cargs.bias.defined()) cargs.bias = cargs.bias.contiguous();
+  const GemmArgs& cargs = args;  // its vectors and aux were checked contiguous
   if (c.is_cuda()) {
 #if FFN_WITH_CUDA
     cuda::gemm(ac, bc, c, cargs);
@@ -88,6 +110,41 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
       const T* bias = args.bias.data<T>();
       for (int64_t i = 0; i < C.rows(); ++i)
         for (int64_t j = 0; j < C.cols(); ++j) C(i, j) += bias[j];
+    }
+    switch (args.epilogue) {
+      case GemmEpilogue::none:
+        break;
+      case GemmEpilogue::gelu_aux_bias: {
+        as_matrix<T>(args.aux) = C;
+        for (int64_t i = 0; i < C.rows(); ++i)
+          for (int64_t j = 0; j < C.cols(); ++j)
+            C(i, j) = act_math::value(C(i, j), Activation::gelu_tanh);
+        break;
+      }
+      case GemmEpilogue::dgelu_bgrad: {
+        auto aux = as_cmatrix<T>(args.aux);
+        std::vector<double> acc(C.cols(), 0.0);
+        for (int64_t i = 0; i < C.rows(); ++i)
+          for (int64_t j = 0; j < C.cols(); ++j) {
+            C(i, j) *= act_math::grad(aux(i, j), Activation::gelu_tanh);
+            acc[j] += static_cast<double>(C(i, j));
+          }
+        if (args.bias_grad.defined())
+          for (int64_t j = 0; j < C.cols(); ++j)
+            args.bias_grad.data<T>()[j] = static_cast<T>(acc[j]);
+        break;
+      }
+      case GemmEpilogue::bgrad_a: {  // the rows of op(a), summed along k
+        T* out = args.bias_grad.data<T>();
+        const int64_t k = args.trans_a ? A.rows() : A.cols();
+        for (int64_t i = 0; i < C.rows(); ++i) {
+          double sum = 0;
+          for (int64_t p = 0; p < k; ++p)
+            sum += static_cast<double>(args.trans_a ? A(p, i) : A(i, p));
+          out[i] = static_cast<T>(sum);
+        }
+        break;
+      }
     }
   });
 }

@@ -36,12 +36,36 @@ namespace {
 struct Key {
   int device;
   int64_t m, n, k;
-  bool ta, tb, bias;
+  bool ta, tb;
+  int epi;  // cublasLtEpilogue_t
   DType dtype;
-  int align;  // min alignment (bytes, up to 16) of the four pointers
-  auto tie() const { return std::tie(device, m, n, k, ta, tb, bias, dtype, align); }
+  int align;  // min alignment (bytes, up to 16) of the pointers
+  auto tie() const { return std::tie(device, m, n, k, ta, tb, epi, dtype, align); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
+
+// The pointers of one call. `vec` is the bias (BIAS, GELU_AUX_BIAS) or the bias
+// gradient (DGELU_BGRAD, BGRADB); `aux` the GELU epilogues' [m, n] buffer.
+struct Call {
+  const void* a;
+  const void* b;
+  const void* vec;
+  const void* aux;
+};
+
+cublasLtEpilogue_t epilogue_of(const GemmArgs& args) {
+  switch (args.epilogue) {
+    case GemmEpilogue::none:
+      return args.bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::gelu_aux_bias:
+      return args.bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::dgelu_bgrad:
+      return args.bias_grad.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::bgrad_a:
+      return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -82,6 +106,15 @@ bool tuning_enabled() {
 }
 
 // Median time of `algo` over a few runs writing a scratch output (beta = 0).
+void set_pointers(const Plan& p, const Call& call) {
+  if (call.vec)
+    FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &call.vec, sizeof(call.vec)));
+  if (call.aux)
+    FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                    &call.aux, sizeof(call.aux)));
+}
+
 float time_algo(const Key& key, Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a,
                 const void* b, void* scratch) {
   const float one = 1.0f, zero = 0.0f;
@@ -114,7 +147,7 @@ float time_algo(const Key& key, Plan& p, const cublasLtMatmulAlgo_t& algo, const
   return ms[1];
 }
 
-Plan make_plan(const Key& key, const void* a_ptr, const void* b_ptr, const void* bias_ptr) {
+Plan make_plan(const Key& key, const Call& call) {
   Plan p;
   const cudaDataType_t dt = cuda_type(key.dtype);
   const bool f64 = key.dtype == DType::f64;
@@ -127,10 +160,13 @@ Plan make_plan(const Key& key, const void* a_ptr, const void* b_ptr, const void*
       cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
   FFN_CHECK_CUBLAS(
       cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-  if (key.bias) {
-    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    FFN_CHECK_CUBLAS(
-        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  const auto epi = static_cast<cublasLtEpilogue_t>(key.epi);
+  FFN_CHECK_CUBLAS(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  if (call.aux) {  // the aux buffer is laid out like Cᵀ (column-major [n, m], ld n)
+    const int64_t ld = key.n;
+    FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                                    sizeof(ld)));
   }
   // Column-major shapes of the row-major buffers: B is [k, n] (or [n, k] when tb).
   const uint64_t b_rows = key.tb ? key.k : key.n, b_cols = key.tb ? key.n : key.k;
@@ -168,13 +204,11 @@ Plan make_plan(const Key& key, const void* a_ptr, const void* b_ptr, const void*
   p.algo = results[0].algo;
   const double volume = static_cast<double>(key.m) * key.n * key.k;
   if (found > 1 && volume >= 1073741824.0 && tuning_enabled()) {
-    if (bias_ptr)
-      FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                      &bias_ptr, sizeof(bias_ptr)));
+    set_pointers(p, call);  // epilogue outputs are rewritten by the real call
     const Tensor scratch = Tensor::empty({key.m, key.n}, key.dtype, Device::cuda(key.device));
     float best = INFINITY;
     for (int i = 0; i < found; ++i) {
-      const float t = time_algo(key, p, results[i].algo, a_ptr, b_ptr, scratch.data_ptr());
+      const float t = time_algo(key, p, results[i].algo, call.a, call.b, scratch.data_ptr());
       if (t < best) best = t, p.algo = results[i].algo;
     }
     cudaGetLastError();  // a candidate that failed to launch left no error behind
@@ -190,6 +224,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   const int64_t m = c.size(0), n = c.size(1);
   const int64_t k = args.trans_a ? a.size(0) : a.size(1);
   if (m == 0 || n == 0) return;
+  FFN_CHECK(args.epilogue == GemmEpilogue::none || k > 0, "[gemm] epilogues need k > 0");
   if (k == 0) {  // empty reduction: c = beta·c (+ bias)
     if (args.beta == 0.0)
       c.zero_();
@@ -198,27 +233,37 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
     if (args.bias.defined()) bias_add(c, args.bias, c);
     return;
   }
-  const void* bias_ptr = args.bias.defined() ? args.bias.data_ptr() : nullptr;
+  const cublasLtEpilogue_t epi = epilogue_of(args);
+  const bool uses_aux =
+      args.epilogue == GemmEpilogue::gelu_aux_bias || args.epilogue == GemmEpilogue::dgelu_bgrad;
+  FFN_CHECK(!uses_aux || is_half(c.dtype()), "[gemm] cuBLASLt's GELU epilogues evaluate tanh ",
+            "approximately (absolute error up to 4e-6, relative up to 6e-3 in the negative tail, ",
+            "measured on an H100), so they are offered for bf16/f16 only; got ",
+            dtype_name(c.dtype()), " (use bias_gelu_dropout)");
+  FFN_CHECK(!uses_aux || n % 8 == 0, "[gemm] cuBLASLt's GELU epilogues need n % 8 == 0, got n=", n);
+  const Tensor& vec =
+      args.epilogue == GemmEpilogue::none || args.epilogue == GemmEpilogue::gelu_aux_bias
+          ? args.bias
+          : args.bias_grad;
+  const Call call{a.data_ptr(), b.data_ptr(), vec.defined() ? vec.data_ptr() : nullptr,
+                  uses_aux ? args.aux.data_ptr() : nullptr};
   const Key key{dev,
                 m,
                 n,
                 k,
                 args.trans_a,
                 args.trans_b,
-                bias_ptr != nullptr,
+                static_cast<int>(epi),
                 c.dtype(),
-                alignment_of({a.data_ptr(), b.data_ptr(), c.data_ptr(), bias_ptr})};
+                alignment_of({call.a, call.b, c.data_ptr(), call.vec, call.aux})};
   Plan plan;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_plans.find(key);
-    if (it == g_plans.end())
-      it = g_plans.emplace(key, make_plan(key, a.data_ptr(), b.data_ptr(), bias_ptr)).first;
+    if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(key, call)).first;
     plan = it->second;
   }
-  if (bias_ptr)
-    FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                    &bias_ptr, sizeof(bias_ptr)));
+  set_pointers(plan, call);
   const double alpha64 = args.alpha, beta64 = args.beta;
   const float alpha32 = static_cast<float>(args.alpha), beta32 = static_cast<float>(args.beta);
   const bool f64 = c.dtype() == DType::f64;
