@@ -25,12 +25,8 @@ struct GeluFwd {
   __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
                                         A (&)[1][VEC]) const {
     A v[U][VEC], bb[VEC], f[VEC];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (ok[u]) load_vec<VEC>(z + rows[u] * n + c0, v[u]);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) bb[j] = A(0);
-    if (b) load_vec<VEC>(b + c0, bb);
+    load_rows<VEC>(z, n, c0, rows, ok, v);
+    load_bias<VEC>(b, c0, bb);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!ok[u]) continue;
@@ -61,15 +57,9 @@ struct DgeluDbias {
   __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
                                         A (&acc)[1][VEC]) const {
     A g[U][VEC], v[U][VEC], bb[VEC], f[VEC], h[VEC];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (ok[u]) {
-        load_vec<VEC>(dhd + rows[u] * n + c0, g[u]);
-        load_vec<VEC>(z + rows[u] * n + c0, v[u]);
-      }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) bb[j] = A(0);
-    if (b) load_vec<VEC>(b + c0, bb);
+    load_rows<VEC>(dhd, n, c0, rows, ok, g);
+    load_rows<VEC>(z, n, c0, rows, ok, v);
+    load_bias<VEC>(b, c0, bb);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!ok[u]) continue;

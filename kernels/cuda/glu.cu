@@ -24,18 +24,10 @@ struct GluFwd {
   __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
                                         A (&)[1][VEC]) const {
     A v[U][VEC], g[U][VEC], bv[VEC], bg[VEC], f[VEC];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (ok[u]) {
-        load_vec<VEC>(z + rows[u] * 2 * h + c0, v[u]);
-        load_vec<VEC>(z + rows[u] * 2 * h + h + c0, g[u]);
-      }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) bv[j] = bg[j] = A(0);
-    if (b) {
-      load_vec<VEC>(b + c0, bv);
-      load_vec<VEC>(b + h + c0, bg);
-    }
+    load_rows<VEC>(z, 2 * h, c0, rows, ok, v);      // value half
+    load_rows<VEC>(z + h, 2 * h, c0, rows, ok, g);  // gate half
+    load_bias<VEC>(b, c0, bv);
+    load_bias<VEC>(b ? b + h : nullptr, c0, bg);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!ok[u]) continue;
@@ -68,19 +60,11 @@ struct DgluDbias {
   __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
                                         A (&acc)[2][VEC]) const {
     A s[U][VEC], v[U][VEC], g[U][VEC], bv[VEC], bg[VEC], f[VEC], o[VEC];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (ok[u]) {
-        load_vec<VEC>(dout + rows[u] * h + c0, s[u]);
-        load_vec<VEC>(z + rows[u] * 2 * h + c0, v[u]);
-        load_vec<VEC>(z + rows[u] * 2 * h + h + c0, g[u]);
-      }
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) bv[j] = bg[j] = A(0);
-    if (b) {
-      load_vec<VEC>(b + c0, bv);
-      load_vec<VEC>(b + h + c0, bg);
-    }
+    load_rows<VEC>(dout, h, c0, rows, ok, s);
+    load_rows<VEC>(z, 2 * h, c0, rows, ok, v);
+    load_rows<VEC>(z + h, 2 * h, c0, rows, ok, g);
+    load_bias<VEC>(b, c0, bv);
+    load_bias<VEC>(b ? b + h : nullptr, c0, bg);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!ok[u]) continue;

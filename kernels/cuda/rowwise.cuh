@@ -49,6 +49,25 @@ __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
   *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
 }
 
+// Loads columns [c0, c0+VEC) of each valid row (ok[u]) of a row-major matrix with
+// leading dimension ld: the ops issue all their loads with this before computing.
+template <int VEC, int U, class T, class A>
+__device__ __forceinline__ void load_rows(const T* base, int64_t ld, int64_t c0,
+                                          const int64_t (&rows)[U], const bool (&ok)[U],
+                                          A (&out)[U][VEC]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (ok[u]) load_vec<VEC>(base + rows[u] * ld + c0, out[u]);
+}
+
+// Bias entries [c0, c0+VEC), or zeros when there is no bias.
+template <int VEC, class T, class A>
+__device__ __forceinline__ void load_bias(const T* b, int64_t c0, A (&out)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = A(0);
+  if (b) load_vec<VEC>(b + c0, out);
+}
+
 // Dropout multipliers for elements [i0, i0+VEC) of one call (Note [Dropout RNG]).
 // VEC divides 8 and i0 % VEC == 0, so the VEC draws come from one Philox block.
 struct DeviceMask {
