@@ -63,14 +63,13 @@ void validate(const Tensor& a, const Tensor& b, const Tensor& c, const GemmArgs&
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   validate(a, b, c, args);
   const Tensor ac = a.contiguous(), bc = b.contiguous();
-  const GemmArgs& cargs = args;  // its vectors and aux were checked contiguous
   if (c.is_cuda()) {
 #if FFN_WITH_CUDA
-    cuda::gemm(ac, bc, c, cargs);
+    cuda::gemm(ac, bc, c, args);
     return;
 #endif
   }
-  cpu::gemm(ac, bc, c, cargs);
+  cpu::gemm(ac, bc, c, args);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args) {
