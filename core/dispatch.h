@@ -1,10 +1,13 @@
 // core/dispatch.h — run a generic lambda/body for a tensor's element type.
 //
 //   FFN_DISPATCH_ALL(t.dtype(), "op", [&]<class T>() { ... });    // f64, f32, bf16, f16
+//   FFN_DISPATCH_ANY(t.dtype(), "op", [&]<class T>() { ... });    // those and i32 (copies)
 //   FFN_DISPATCH_FLOAT(t.dtype(), "op", [&]<class T>() { ... });  // f64, f32 only
 //
 // Unsupported dtypes throw an error naming the op.
 #pragma once
+
+#include <utility>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -22,8 +25,16 @@ decltype(auto) dispatch_all(DType dt, const char* op, F&& f) {
       return f.template operator()<bf16>();
     case DType::f16:
       return f.template operator()<f16>();
+    default:
+      break;
   }
-  FFN_THROW("[", op, "] unsupported dtype");
+  FFN_THROW("[", op, "] dtype ", dtype_name(dt), " is not supported here (expected a float type)");
+}
+
+template <class F>
+decltype(auto) dispatch_any(DType dt, const char* op, F&& f) {
+  if (dt == DType::i32) return f.template operator()<int32_t>();
+  return dispatch_all(dt, op, std::forward<F>(f));
 }
 
 template <class F>
@@ -54,4 +65,5 @@ FFN_HD To cast_value(From v) {
 }  // namespace ffn::detail
 
 #define FFN_DISPATCH_ALL(dt, op, ...) ::ffn::detail::dispatch_all(dt, op, __VA_ARGS__)
+#define FFN_DISPATCH_ANY(dt, op, ...) ::ffn::detail::dispatch_any(dt, op, __VA_ARGS__)
 #define FFN_DISPATCH_FLOAT(dt, op, ...) ::ffn::detail::dispatch_float(dt, op, __VA_ARGS__)

@@ -18,16 +18,24 @@
 
 namespace ffn {
 
-enum class DType : uint8_t { f64, f32, bf16, f16 };
+// i32 holds integer data (token ids, targets); float ops reject it.
+enum class DType : uint8_t { f64, f32, bf16, f16, i32 };
 
 constexpr size_t dtype_size(DType t) {
-  return t == DType::f64 ? 8 : t == DType::f32 ? 4 : 2;
+  return t == DType::f64 ? 8 : (t == DType::f32 || t == DType::i32) ? 4 : 2;
 }
 constexpr bool is_half(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
 const char* dtype_name(DType t);
-// Parses "f64"/"float64", "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16"/"fp16".
+constexpr bool is_float(DType t) {
+  return t != DType::i32;
+}
+// The type statistics and losses of a float dtype are kept in: f64 for f64, else f32.
+constexpr DType acc_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+// Parses "f64"/"float64", "f32"/"float32", "bf16"/"bfloat16", "f16"/"float16"/"fp16", "i32".
 DType parse_dtype(const std::string& s);
 
 FFN_HD uint32_t float_bits(float f) {
@@ -109,6 +117,10 @@ constexpr DType dtype_of<bf16>() {
 template <>
 constexpr DType dtype_of<f16>() {
   return DType::f16;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
 }
 
 }  // namespace ffn

@@ -187,6 +187,22 @@ std::vector<Tensor> Tensor::chunk(int64_t n, int64_t d) const {
   return out;
 }
 
+Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
+  FFN_CHECK(static_cast<int64_t>(dims.size()) == dim(), "[permute] got ", dims.size(),
+            " dims for a ", dim(), "-D tensor ", desc());
+  std::vector<bool> seen(dims.size(), false);
+  Tensor t = *this;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[i];
+    FFN_CHECK(d >= 0 && d < dim() && !seen[d], "[permute] dims ", shape_str(dims),
+              " is not a permutation of 0..", dim() - 1);
+    seen[d] = true;
+    t.shape_[i] = shape_[d];
+    t.strides_[i] = strides_[d];
+  }
+  return t;
+}
+
 Tensor Tensor::contiguous() const {
   if (is_contiguous()) return *this;
   return clone();
@@ -247,8 +263,8 @@ void cpu_copy_typed(const Tensor& dst, const Tensor& src) {
 }
 
 void cpu_copy(const Tensor& dst, const Tensor& src) {
-  FFN_DISPATCH_ALL(dst.dtype(), "copy", [&]<class D>() {
-    FFN_DISPATCH_ALL(src.dtype(), "copy", [&]<class S>() { cpu_copy_typed<D, S>(dst, src); });
+  FFN_DISPATCH_ANY(dst.dtype(), "copy", [&]<class D>() {
+    FFN_DISPATCH_ANY(src.dtype(), "copy", [&]<class S>() { cpu_copy_typed<D, S>(dst, src); });
   });
 }
 

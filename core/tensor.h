@@ -74,6 +74,8 @@ class Tensor {
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor slice_rows(int64_t begin, int64_t end) const { return narrow(0, begin, end - begin); }
   std::vector<Tensor> chunk(int64_t n, int64_t dim = -1) const;
+  // Reorders dimensions: result.shape[i] = shape[dims[i]] (a strided view; no copy).
+  Tensor permute(const std::vector<int64_t>& dims) const;
 
   // Copies.
   Tensor contiguous() const;  // *this when already contiguous

@@ -16,3 +16,11 @@ void check_like(const Tensor& t, const Tensor& ref, const Shape& shape, const ch
                 const char* name);
 
 }  // namespace ffn::detail
+
+namespace ffn::detail {
+
+// ids: a defined, contiguous i32 vector; every entry in [0, limit). The error names the op,
+// the tensor, the first bad position and its value (on the GPU this reads back one int).
+void check_indices(const Tensor& ids, int64_t limit, const char* op, const char* name);
+
+}  // namespace ffn::detail

@@ -39,14 +39,27 @@ struct GemmArgs {
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args = {});
 
+// GPU GEMM autotuning (kernels/cuda/gemm.cu): on by default unless FFN_GEMM_TUNE=0. It picks
+// algorithms by timing, so two processes may pick differently (results then differ in the
+// last bits); trainers that promise bit-exact resume turn it off.
+void set_gemm_autotune(bool on);
+bool gemm_autotune();
+
 // Allocating convenience: returns op(a)·op(b) (+ bias).
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args = {});
+
+// Batched products: a, b, c are 3-D [batch, ., .] and c[i] = alpha·op(a[i])·op(b[i]) +
+// beta·c[i] for every i (one strided-batched cuBLASLt call on the GPU). No bias or
+// epilogue. Attention uses it for Q·Kᵀ and P·V over batch × heads.
+void gemm_batched(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args = {});
+Tensor bmm(const Tensor& a, const Tensor& b, const GemmArgs& args = {});
 
 namespace cpu {
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args);
 }
 namespace cuda {
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args);
+void gemm_batched(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args);
 }
 
 }  // namespace ffn

@@ -103,8 +103,8 @@ void copy_same_device(const Tensor& dst, const Tensor& src) {
   }
   const bool contiguous = dst.is_contiguous() && src.is_contiguous();
   const StridedIndex ix = make_index(dst, &src);
-  FFN_DISPATCH_ALL(dst.dtype(), "copy_", [&]<class D>() {
-    FFN_DISPATCH_ALL(src.dtype(), "copy_", [&]<class S>() {
+  FFN_DISPATCH_ANY(dst.dtype(), "copy_", [&]<class D>() {
+    FFN_DISPATCH_ANY(src.dtype(), "copy_", [&]<class S>() {
       using DD = cuda::device_t<D>;
       using SS = cuda::device_t<S>;
       auto* d = static_cast<DD*>(dst.data_ptr());
@@ -123,7 +123,7 @@ void fill(const Tensor& dst, double value) {
   cuda::DeviceGuard guard(dev);
   const int64_t n = dst.numel();
   const StridedIndex ix = make_index(dst, nullptr);
-  FFN_DISPATCH_ALL(dst.dtype(), "fill_", [&]<class T>() {
+  FFN_DISPATCH_ANY(dst.dtype(), "fill_", [&]<class T>() {
     using DT = cuda::device_t<T>;
     const T host_v = detail::cast_value<T>(value);
     DT v;

@@ -47,6 +47,9 @@ __device__ __forceinline__ float to_acc(float v) {
 __device__ __forceinline__ double to_acc(double v) {
   return v;
 }
+__device__ __forceinline__ double to_acc(int32_t v) {  // exact (copies of integer tensors)
+  return v;
+}
 
 // Rounds a float/double math value to element type T (nearest even).
 template <class T, class A>

@@ -3,6 +3,10 @@
 
 #include "kernels/checks.h"
 
+#if FFN_WITH_CUDA
+#include "kernels/embedding.h"
+#endif
+
 namespace ffn::detail {
 
 void check_dropout(const DropoutSpec& d, const char* op) {
@@ -22,6 +26,27 @@ void check_like(const Tensor& t, const Tensor& ref, const Shape& shape, const ch
   check_same_device(t, ref, op, name, "the input");
   check_same_dtype(t, ref, op, name, "the input");
   FFN_CHECK(t.is_contiguous(), "[", op, "] output ", name, " must be contiguous");
+}
+
+void check_indices(const Tensor& ids, int64_t limit, const char* op, const char* name) {
+  check_defined(ids, op, name);
+  FFN_CHECK(ids.dtype() == DType::i32, "[", op, "] ", name, " must be i32, got ",
+            dtype_name(ids.dtype()));
+  FFN_CHECK(ids.is_contiguous(), "[", op, "] ", name, " must be contiguous");
+  int64_t bad = -1;
+  if (ids.is_cuda()) {
+#if FFN_WITH_CUDA
+    bad = cuda::first_bad_index(ids, limit);
+#endif
+  } else {
+    const int32_t* p = ids.data<int32_t>();
+    for (int64_t i = 0; i < ids.numel() && bad < 0; ++i)
+      if (p[i] < 0 || p[i] >= limit) bad = i;
+  }
+  if (bad >= 0) {
+    const int64_t value = static_cast<int64_t>(ids.reshape({-1}).narrow(0, bad, 1).item());
+    FFN_THROW("[", op, "] ", name, "[", bad, "]=", value, " is out of range [0, ", limit, ")");
+  }
 }
 
 }  // namespace ffn::detail

@@ -1,6 +1,9 @@
 // kernels/cpu/gemm.cpp — gemm's front door (validation, dispatch) and its Eigen reference.
 #include "kernels/gemm.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/dispatch.h"
@@ -21,6 +24,7 @@ void validate(const Tensor& a, const Tensor& b, const Tensor& c, const GemmArgs&
   check_same_device(a, c, "gemm", "a", "c");
   check_same_dtype(a, b, "gemm", "a", "b");
   check_same_dtype(a, c, "gemm", "a", "c");
+  FFN_CHECK(is_float(c.dtype()), "[gemm] needs a float dtype, got ", dtype_name(c.dtype()));
   const int64_t m = args.trans_a ? a.size(1) : a.size(0);
   const int64_t k = args.trans_a ? a.size(0) : a.size(1);
   const int64_t kb = args.trans_b ? b.size(1) : b.size(0);
@@ -72,6 +76,24 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   cpu::gemm(ac, bc, c, args);
 }
 
+namespace {
+std::atomic<int> g_autotune{-1};  // -1: not decided yet (read FFN_GEMM_TUNE)
+}  // namespace
+
+void set_gemm_autotune(bool on) {
+  g_autotune = on ? 1 : 0;
+}
+
+bool gemm_autotune() {
+  int v = g_autotune.load();
+  if (v < 0) {
+    const char* e = std::getenv("FFN_GEMM_TUNE");
+    v = (e && std::strcmp(e, "0") == 0) ? 0 : 1;
+    g_autotune = v;
+  }
+  return v == 1;
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args) {
   check_dim(a, 2, "matmul", "a");
   check_dim(b, 2, "matmul", "b");
@@ -81,6 +103,47 @@ Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args) {
   GemmArgs g = args;
   g.beta = 0.0;
   gemm(a, b, c, g);
+  return c;
+}
+
+void gemm_batched(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
+  check_dim(a, 3, "bmm", "a");
+  check_dim(b, 3, "bmm", "b");
+  check_dim(c, 3, "bmm", "c");
+  FFN_CHECK(a.size(0) == b.size(0) && a.size(0) == c.size(0), "[bmm] batch sizes differ: a ",
+            shape_str(a.shape()), ", b ", shape_str(b.shape()), ", c ", shape_str(c.shape()));
+  FFN_CHECK(!args.bias.defined() && args.epilogue == GemmEpilogue::none,
+            "[bmm] batched products take no bias or epilogue");
+  FFN_CHECK(c.is_contiguous(), "[bmm] c must be contiguous");
+  const int64_t batch = c.size(0);
+  if (batch == 0) return;
+  // Shapes, dtypes and devices are checked on the first entry (the others are alike).
+  Tensor c0 = c.narrow(0, 0, 1).reshape({c.size(1), c.size(2)});
+  validate(a.narrow(0, 0, 1).reshape({a.size(1), a.size(2)}),
+           b.narrow(0, 0, 1).reshape({b.size(1), b.size(2)}), c0, args);
+  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  if (c.is_cuda()) {
+#if FFN_WITH_CUDA
+    cuda::gemm_batched(ac, bc, c, args);
+    return;
+#endif
+  }
+  for (int64_t i = 0; i < batch; ++i) {
+    Tensor ci = c.narrow(0, i, 1).reshape({c.size(1), c.size(2)});
+    cpu::gemm(ac.narrow(0, i, 1).reshape({a.size(1), a.size(2)}),
+              bc.narrow(0, i, 1).reshape({b.size(1), b.size(2)}), ci, args);
+  }
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b, const GemmArgs& args) {
+  check_dim(a, 3, "bmm", "a");
+  check_dim(b, 3, "bmm", "b");
+  const int64_t m = args.trans_a ? a.size(2) : a.size(1);
+  const int64_t n = args.trans_b ? b.size(1) : b.size(2);
+  Tensor c = Tensor::empty({a.size(0), m, n}, a.dtype(), a.device());
+  GemmArgs g = args;
+  g.beta = 0.0;
+  gemm_batched(a, b, c, g);
   return c;
 }
 

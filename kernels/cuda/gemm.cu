@@ -35,12 +35,13 @@ namespace {
 
 struct Key {
   int device;
+  int64_t batch;
   int64_t m, n, k;
   bool ta, tb;
   int epi;  // cublasLtEpilogue_t
   DType dtype;
   int align;  // min alignment (bytes, up to 16) of the pointers
-  auto tie() const { return std::tie(device, m, n, k, ta, tb, epi, dtype, align); }
+  auto tie() const { return std::tie(device, batch, m, n, k, ta, tb, epi, dtype, align); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -96,13 +97,14 @@ cudaDataType_t cuda_type(DType t) {
       return CUDA_R_16BF;
     case DType::f16:
       return CUDA_R_16F;
+    default:
+      break;
   }
-  return CUDA_R_32F;
+  FFN_THROW("[gemm] dtype ", dtype_name(t), " has no cuBLASLt type");
 }
 
 bool tuning_enabled() {
-  const char* v = std::getenv("FFN_GEMM_TUNE");
-  return !(v && std::strcmp(v, "0") == 0);
+  return gemm_autotune();
 }
 
 // Median time of `algo` over a few runs writing a scratch output (beta = 0).
@@ -174,6 +176,18 @@ Plan make_plan(const Key& key, const Call& call) {
   FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, dt, b_rows, b_cols, b_rows));
   FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, dt, a_rows, a_cols, a_rows));
   FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, dt, key.n, key.m, key.n));
+  if (key.batch > 1) {  // contiguous [batch, rows, cols] buffers
+    const int32_t count = static_cast<int32_t>(key.batch);
+    const int64_t strides[3] = {static_cast<int64_t>(b_rows * b_cols),
+                                static_cast<int64_t>(a_rows * a_cols), key.m * key.n};
+    const cublasLtMatrixLayout_t layouts[3] = {p.a, p.b, p.c};
+    for (int i = 0; i < 3; ++i) {
+      FFN_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(
+          layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      FFN_CHECK_CUBLAS(cublasLtMatrixLayoutSetAttribute(
+          layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof(int64_t)));
+    }
+  }
 
   cublasLtMatmulPreference_t pref = nullptr;
   FFN_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -202,10 +216,11 @@ Plan make_plan(const Key& key, const Call& call) {
             (key.tb ? " Bᵀ" : ""), " (alignment ", key.align,
             " bytes): ", cublasGetStatusString(st));
   p.algo = results[0].algo;
-  const double volume = static_cast<double>(key.m) * key.n * key.k;
+  const double volume = static_cast<double>(key.batch) * key.m * key.n * key.k;
   if (found > 1 && volume >= 1073741824.0 && tuning_enabled()) {
     set_pointers(p, call);  // epilogue outputs are rewritten by the real call
-    const Tensor scratch = Tensor::empty({key.m, key.n}, key.dtype, Device::cuda(key.device));
+    const Tensor scratch =
+        Tensor::empty({key.batch, key.m, key.n}, key.dtype, Device::cuda(key.device));
     float best = INFINITY;
     for (int i = 0; i < found; ++i) {
       const float t = time_algo(key, p, results[i].algo, call.a, call.b, scratch.data_ptr());
@@ -216,14 +231,13 @@ Plan make_plan(const Key& key, const Call& call) {
   return p;
 }
 
-}  // namespace
-
-void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
+// c = op(a)·op(b) for `batch` contiguous matrices of c's last two dimensions.
+void gemm_impl(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, int64_t batch) {
   const int dev = c.device().index;
   DeviceGuard guard(dev);
-  const int64_t m = c.size(0), n = c.size(1);
-  const int64_t k = args.trans_a ? a.size(0) : a.size(1);
-  if (m == 0 || n == 0) return;
+  const int64_t m = c.size(-2), n = c.size(-1);
+  const int64_t k = args.trans_a ? a.size(-2) : a.size(-1);
+  if (m == 0 || n == 0 || batch == 0) return;
   FFN_CHECK(args.epilogue == GemmEpilogue::none || k > 0, "[gemm] epilogues need k > 0");
   if (k == 0) {  // empty reduction: c = beta·c (+ bias)
     if (args.beta == 0.0)
@@ -248,6 +262,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   const Call call{a.data_ptr(), b.data_ptr(), vec.defined() ? vec.data_ptr() : nullptr,
                   uses_aux ? args.aux.data_ptr() : nullptr};
   const Key key{dev,
+                batch,
                 m,
                 n,
                 k,
@@ -272,6 +287,16 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   FFN_CHECK_CUBLAS(cublasLtMatmul(cublaslt(dev), plan.op, alpha, b.data_ptr(), plan.a, a.data_ptr(),
                                   plan.b, beta, c.data_ptr(), plan.c, c.data_ptr(), plan.c,
                                   &plan.algo, workspace(dev), workspace_bytes(), stream(dev)));
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
+  gemm_impl(a, b, c, args, 1);
+}
+
+void gemm_batched(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
+  gemm_impl(a, b, c, args, c.size(0));
 }
 
 }  // namespace ffn::cuda

@@ -1,0 +1,108 @@
+// kernels/cpu/adamw.cpp — front door and CPU reference of the fused AdamW step and the
+// global gradient norm.
+#include "kernels/adamw.h"
+
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "kernels/checks.h"
+
+namespace ffn {
+
+namespace {
+void validate(const std::vector<AdamWSlot>& slots, const AdamWHyper& h) {
+  FFN_CHECK(std::isfinite(h.lr) && h.lr >= 0, "[adamw] lr must be >= 0, got ", h.lr);
+  FFN_CHECK(h.beta1 >= 0 && h.beta1 < 1, "[adamw] beta1 must be in [0, 1), got ", h.beta1);
+  FFN_CHECK(h.beta2 >= 0 && h.beta2 < 1, "[adamw] beta2 must be in [0, 1), got ", h.beta2);
+  FFN_CHECK(h.eps > 0, "[adamw] eps must be > 0, got ", h.eps);
+  FFN_CHECK(h.weight_decay >= 0, "[adamw] weight_decay must be >= 0, got ", h.weight_decay);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const AdamWSlot& s = slots[i];
+    check_defined(s.param, "adamw", "param");
+    const DType acc = acc_dtype(s.param.dtype());
+    FFN_CHECK(is_float(s.param.dtype()) && s.param.is_contiguous(), "[adamw] slot ", i,
+              ": param must be a contiguous float tensor, got ", s.param.desc());
+    detail::check_like(s.grad, s.param, s.param.shape(), "adamw", "grad");
+    check_same_device(s.param, slots[0].param, "adamw", "param", "the first param");
+    check_same_dtype(s.param, slots[0].param, "adamw", "param", "the first param");
+    for (const Tensor* t : {&s.m, &s.v, &s.master}) {
+      if (t == &s.master && !t->defined()) continue;
+      check_defined(*t, "adamw", "state");
+      check_shape(*t, s.param.shape(), "adamw", "state");
+      check_same_device(*t, s.param, "adamw", "state", "param");
+      FFN_CHECK(t->dtype() == acc && t->is_contiguous(), "[adamw] slot ", i, ": state must be ",
+                "contiguous ", dtype_name(acc), ", got ", t->desc());
+    }
+    FFN_CHECK(s.master.defined() || !is_half(s.param.dtype()), "[adamw] slot ", i,
+              ": 16-bit params need an fp32 master (Note [Master weights])");
+  }
+}
+}  // namespace
+
+void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
+                double grad_scale) {
+  validate(slots, h);
+  FFN_CHECK(step >= 1, "[adamw] step must be >= 1, got ", step);
+  if (slots.empty()) return;
+  if (slots[0].param.is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::adamw_step(slots, h, step, grad_scale);
+#endif
+  }
+  cpu::adamw_step(slots, h, step, grad_scale);
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  for (const Tensor& g : grads) {
+    check_defined(g, "grad_norm", "grad");
+    FFN_CHECK(is_float(g.dtype()) && g.is_contiguous(), "[grad_norm] grads must be contiguous ",
+              "float tensors, got ", g.desc());
+    check_same_device(g, grads[0], "grad_norm", "grad", "the first grad");
+    check_same_dtype(g, grads[0], "grad_norm", "grad", "the first grad");
+  }
+  if (grads.empty()) return 0.0;
+  if (grads[0].is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::global_grad_norm(grads);
+#endif
+  }
+  return cpu::global_grad_norm(grads);
+}
+
+namespace cpu {
+
+void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
+                double grad_scale) {
+  const double bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+  for (const AdamWSlot& s : slots) {
+    FFN_DISPATCH_FLOAT(acc_dtype(s.param.dtype()), "adamw", [&]<class A>() {
+      const int64_t n = s.param.numel();
+      A* w = s.master.defined() ? s.master.data<A>() : s.param.data<A>();
+      A* m = s.m.data<A>();
+      A* v = s.v.data<A>();
+      const Tensor g = s.grad.to(acc_dtype(s.grad.dtype()));
+      const A* gp = g.data<A>();
+      const A decay = static_cast<A>(1.0 - h.lr * (s.decay ? h.weight_decay : 0.0));
+      for (int64_t i = 0; i < n; ++i) {
+        const A gi = gp[i] * static_cast<A>(grad_scale);
+        w[i] *= decay;
+        m[i] = static_cast<A>(h.beta1) * m[i] + static_cast<A>(1 - h.beta1) * gi;
+        v[i] = static_cast<A>(h.beta2) * v[i] + static_cast<A>(1 - h.beta2) * gi * gi;
+        const A mh = m[i] / static_cast<A>(bc1), vh = v[i] / static_cast<A>(bc2);
+        w[i] -= static_cast<A>(h.lr) * mh / (std::sqrt(vh) + static_cast<A>(h.eps));
+      }
+    });
+    if (s.master.defined()) const_cast<Tensor&>(s.param).copy_(s.master);
+  }
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  double sum = 0;
+  for (const Tensor& g : grads)
+    for (double x : g.to_vector()) sum += x * x;
+  return std::sqrt(sum);
+}
+
+}  // namespace cpu
+}  // namespace ffn

@@ -1,0 +1,110 @@
+// kernels/cpu/cross_entropy.cpp — front door and CPU reference of the fused cross-entropy.
+#include "kernels/cross_entropy.h"
+
+#include <cmath>
+#include <limits>
+
+#include "core/dispatch.h"
+#include "kernels/checks.h"
+
+namespace ffn {
+
+namespace {
+void check_acc(const Tensor& t, const Tensor& logits, const Shape& shape, const char* op,
+               const char* name) {
+  check_defined(t, op, name);
+  check_shape(t, shape, op, name);
+  check_same_device(t, logits, op, name, "logits");
+  FFN_CHECK(t.dtype() == acc_dtype(logits.dtype()), "[", op, "] ", name, " must be ",
+            dtype_name(acc_dtype(logits.dtype())), ", got ", dtype_name(t.dtype()));
+  FFN_CHECK(t.is_contiguous(), "[", op, "] ", name, " must be contiguous");
+}
+void check_common(const Tensor& logits, const Tensor& targets, const char* op) {
+  detail::check_matrix(logits, op, "logits");
+  FFN_CHECK(is_float(logits.dtype()), "[", op, "] logits must be a float tensor");
+  FFN_CHECK(logits.size(1) > 0, "[", op, "] logits have 0 classes");
+  check_defined(targets, op, "targets");
+  check_shape(targets, {logits.size(0)}, op, "targets");
+  check_same_device(targets, logits, op, "targets", "logits");
+  detail::check_indices(targets, logits.size(1), op, "targets");
+}
+}  // namespace
+
+void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse) {
+  check_common(logits, targets, "cross_entropy");
+  FFN_CHECK(logits.size(0) > 0, "[cross_entropy] the mean over 0 rows is undefined");
+  check_acc(loss, logits, {}, "cross_entropy", "loss");
+  check_acc(lse, logits, {logits.size(0)}, "cross_entropy", "lse");
+  const Tensor lc = logits.contiguous();
+  if (lc.is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::cross_entropy(lc, targets, loss, lse);
+#endif
+  }
+  cpu::cross_entropy(lc, targets, loss, lse);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& d_loss, Tensor& d_logits) {
+  const char* op = "cross_entropy_backward";
+  detail::check_matrix(logits, op, "logits");
+  FFN_CHECK(is_float(logits.dtype()), "[", op, "] logits must be a float tensor");
+  check_defined(targets, op, "targets");
+  check_shape(targets, {logits.size(0)}, op, "targets");
+  check_same_device(targets, logits, op, "targets", "logits");
+  FFN_CHECK(targets.dtype() == DType::i32 && targets.is_contiguous(), "[", op,
+            "] targets must be a contiguous i32 vector");
+  check_acc(lse, logits, {logits.size(0)}, op, "lse");
+  check_acc(d_loss, logits, {}, op, "d_loss");
+  detail::check_like(d_logits, logits, logits.shape(), op, "d_logits");
+  const Tensor lc = logits.contiguous();
+  if (lc.is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::cross_entropy_backward(lc, targets, lse, d_loss, d_logits);
+#endif
+  }
+  cpu::cross_entropy_backward(lc, targets, lse, d_loss, d_logits);
+}
+
+namespace cpu {
+
+void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse) {
+  FFN_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<class T>() {
+    const int64_t n = logits.size(0), v = logits.size(1);
+    const T* x = logits.data<T>();
+    const int32_t* t = targets.data<int32_t>();
+    T* l = lse.data<T>();
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = x + i * v;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < v; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+      double s = 0;
+      for (int64_t j = 0; j < v; ++j) s += std::exp(row[j] - mx);
+      const double lsei = mx + std::log(s);
+      l[i] = static_cast<T>(lsei);
+      total += lsei - row[t[i]];
+    }
+    *loss.data<T>() = static_cast<T>(total / static_cast<double>(n));
+  });
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& d_loss, Tensor& d_logits) {
+  FFN_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
+    const int64_t n = logits.size(0), v = logits.size(1);
+    const T* x = logits.data<T>();
+    const int32_t* t = targets.data<int32_t>();
+    const T* l = lse.data<T>();
+    const double scale = static_cast<double>(*d_loss.data<T>()) / static_cast<double>(n);
+    T* d = d_logits.data<T>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < v; ++j) {
+        const double p = std::exp(static_cast<double>(x[i * v + j]) - l[i]);
+        d[i * v + j] = static_cast<T>((p - (j == t[i] ? 1.0 : 0.0)) * scale);
+      }
+  });
+}
+
+}  // namespace cpu
+}  // namespace ffn

@@ -1,0 +1,131 @@
+// kernels/cpu/layernorm.cpp — front door and CPU reference of layer_norm and its backward.
+#include "kernels/layernorm.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/dispatch.h"
+#include "kernels/checks.h"
+
+namespace ffn {
+
+namespace {
+void check_stats(const Tensor& t, const Tensor& x, const char* op, const char* name) {
+  check_defined(t, op, name);
+  check_shape(t, {x.size(0)}, op, name);
+  check_same_device(t, x, op, name, "x");
+  FFN_CHECK(t.dtype() == acc_dtype(x.dtype()), "[", op, "] ", name, " must be ",
+            dtype_name(acc_dtype(x.dtype())), ", got ", dtype_name(t.dtype()));
+  FFN_CHECK(t.is_contiguous(), "[", op, "] ", name, " must be contiguous");
+}
+}  // namespace
+
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                Tensor& mean, Tensor& rstd) {
+  detail::check_matrix(x, "layer_norm", "x");
+  FFN_CHECK(is_float(x.dtype()), "[layer_norm] x must be a float tensor");
+  FFN_CHECK(std::isfinite(eps) && eps > 0, "[layer_norm] eps must be > 0, got ", eps);
+  const int64_t c = x.size(1);
+  FFN_CHECK(c > 0 || x.size(0) == 0, "[layer_norm] x has rows of length 0");
+  detail::check_like(w, x, {c}, "layer_norm", "w");
+  if (b.defined()) detail::check_like(b, x, {c}, "layer_norm", "b");
+  detail::check_like(y, x, x.shape(), "layer_norm", "y");
+  check_stats(mean, x, "layer_norm", "mean");
+  check_stats(rstd, x, "layer_norm", "rstd");
+  const Tensor xc = x.contiguous();
+  if (x.is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::layer_norm(xc, w, b, eps, y, mean, rstd);
+#endif
+  }
+  cpu::layer_norm(xc, w, b, eps, y, mean, rstd);
+}
+
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db) {
+  const char* op = "layer_norm_backward";
+  detail::check_matrix(x, op, "x");
+  detail::check_like(w, x, {x.size(1)}, op, "w");
+  check_defined(dy, op, "dy");
+  check_shape(dy, x.shape(), op, "dy");
+  check_same_dtype(dy, x, op, "dy", "x");
+  check_same_device(dy, x, op, "dy", "x");
+  check_stats(mean, x, op, "mean");
+  check_stats(rstd, x, op, "rstd");
+  if (dx) detail::check_like(*dx, x, x.shape(), op, "dx");
+  if (dw) detail::check_like(*dw, x, {x.size(1)}, op, "dw");
+  if (db) detail::check_like(*db, x, {x.size(1)}, op, "db");
+  const Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  if (x.is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db);
+#endif
+  }
+  cpu::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db);
+}
+
+namespace cpu {
+
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                Tensor& mean, Tensor& rstd) {
+  FFN_DISPATCH_FLOAT(x.dtype(), "layer_norm", [&]<class T>() {
+    const int64_t m = x.size(0), c = x.size(1);
+    const T* xp = x.data<T>();
+    const T* wp = w.data<T>();
+    const T* bp = b.defined() ? b.data<T>() : nullptr;
+    T* yp = y.data<T>();
+    T* mp = mean.data<T>();
+    T* rp = rstd.data<T>();
+    for (int64_t i = 0; i < m; ++i) {
+      const T* row = xp + i * c;
+      double mu = 0, var = 0;
+      for (int64_t j = 0; j < c; ++j) mu += row[j];
+      mu /= static_cast<double>(c);
+      for (int64_t j = 0; j < c; ++j) var += (row[j] - mu) * (row[j] - mu);
+      var /= static_cast<double>(c);
+      const double r = 1.0 / std::sqrt(var + eps);
+      mp[i] = static_cast<T>(mu);
+      rp[i] = static_cast<T>(r);
+      for (int64_t j = 0; j < c; ++j)
+        yp[i * c + j] = static_cast<T>((row[j] - mu) * r * wp[j] + (bp ? bp[j] : T(0)));
+    }
+  });
+}
+
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db) {
+  FFN_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&]<class T>() {
+    const int64_t m = x.size(0), c = x.size(1);
+    const T* xp = x.data<T>();
+    const T* g = dy.data<T>();
+    const T* wp = w.data<T>();
+    const T* mp = mean.data<T>();
+    const T* rp = rstd.data<T>();
+    std::vector<double> aw(c, 0.0), ab(c, 0.0), xh(c);
+    for (int64_t i = 0; i < m; ++i) {
+      double s1 = 0, s2 = 0;
+      for (int64_t j = 0; j < c; ++j) {
+        xh[j] = (xp[i * c + j] - static_cast<double>(mp[i])) * rp[i];
+        const double gj = static_cast<double>(g[i * c + j]) * wp[j];
+        s1 += gj;
+        s2 += gj * xh[j];
+        aw[j] += g[i * c + j] * xh[j];
+        ab[j] += g[i * c + j];
+      }
+      s1 /= static_cast<double>(c);
+      s2 /= static_cast<double>(c);
+      if (dx)
+        for (int64_t j = 0; j < c; ++j) {
+          const double gj = static_cast<double>(g[i * c + j]) * wp[j];
+          dx->data<T>()[i * c + j] = static_cast<T>(rp[i] * (gj - s1 - xh[j] * s2));
+        }
+    }
+    for (int64_t j = 0; j < c; ++j) {
+      if (dw) dw->data<T>()[j] = static_cast<T>(aw[j]);
+      if (db) db->data<T>()[j] = static_cast<T>(ab[j]);
+    }
+  });
+}
+
+}  // namespace cpu
+}  // namespace ffn

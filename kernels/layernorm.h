@@ -1,0 +1,36 @@
+// kernels/layernorm.h — layer normalization over the last dimension, fp32 statistics.
+//
+//   layer_norm:  mean_i = Σ_j x_ij / C,  rstd_i = 1/√(Σ_j (x_ij - mean_i)²/C + eps)
+//                y_ij = (x_ij - mean_i)·rstd_i·w_j + b_j                             (=)
+//   backward:    x̂ = (x - mean)·rstd,  g = dy ⊙ w
+//                dx = rstd·(g - mean_j(g) - x̂ ⊙ mean_j(g ⊙ x̂))                       (=)
+//                dw = Σ_rows dy ⊙ x̂,  db = Σ_rows dy                                 (=)
+// x, dy, y, dx: [M, C]; w, b, dw, db: [C] (b may be undefined: no bias); mean and rstd:
+// [M] in f32 (f64 for f64 inputs), written by the forward and read by the backward.
+// dw/db are reduced without atomics in a fixed order (Note [Deterministic column sums]).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace ffn {
+
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                Tensor& mean, Tensor& rstd);
+// Any of dx, dw, db may be null (not needed).
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db);
+
+namespace cpu {
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                Tensor& mean, Tensor& rstd);
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db);
+}  // namespace cpu
+namespace cuda {
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                Tensor& mean, Tensor& rstd);
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db);
+}  // namespace cuda
+
+}  // namespace ffn

@@ -1,0 +1,245 @@
+// tests/test_transformer_ops_cuda.cpp — the transformer ops' CUDA kernels against their CPU
+// references at odd and aligned shapes (part of test_kernels; skipped without a GPU).
+// Tolerances follow tests/test_kernels_cuda.cpp's rules: f32 within 1e-5 relative plus an
+// atol scaled by the reduction length; bf16 within 2x the error of the same math done
+// naively in f32 and rounded to bf16 (both measured against an f64 reference on the same
+// rounded inputs); never NaN.
+#include <cmath>
+
+#include "kernels/adamw.h"
+#include "kernels/bias_dropout.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/layernorm.h"
+#include "kernels/softmax.h"
+#include "layers/functional.h"
+#include "tests/test_util.h"
+
+using namespace ffn;
+using ffn::test::check_close;
+using ffn::test::max_abs_diff;
+using ffn::test::rand64;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to_vector()) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+// gpu: the GPU result; ref64: CPU f64 on the rounded inputs; naive32: CPU f32 on them.
+void compare(const Tensor& gpu, const Tensor& ref64, const Tensor& naive32, DType dt,
+             double reduce_len, const std::string& what) {
+  const Tensor g = gpu.to(Device::cpu()).to(DType::f64);
+  for (double v : g.to_vector()) REQUIRE_MESSAGE(!std::isnan(v), what, ": NaN");
+  if (dt == DType::f32) {
+    const double atol = std::max(1.0, reduce_len) * std::ldexp(1.0, -23) * 4 * max_abs(ref64) +
+                        1e-6 * max_abs(ref64);
+    check_close(g, ref64, atol, 1e-5, what);
+    return;
+  }
+  const double naive = max_abs_diff(naive32.to(dt).to(DType::f64), ref64);
+  const double err = max_abs_diff(g, ref64);
+  CHECK_MESSAGE(err <= 2 * naive + 1e-6 * max_abs(ref64), what, " ", dtype_name(dt), ": gpu error ",
+                err, " vs naive ", naive);
+}
+
+Tensor ids(int64_t n, int64_t v, uint64_t seed) {
+  std::vector<double> x(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<double>((i * 7919 + seed * 31 + i * i) % v);
+  return Tensor::from_vector(x, {n}, DType::i32);
+}
+
+}  // namespace
+
+FFN_GPU_TEST("embedding on the GPU: gather exact, backward deterministic and equal to CPU") {
+  Generator g(31);
+  for (auto [n, v, c] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {37, 5, 3},
+                         {4097, 65, 384}, {1000, 50257, 64}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Tensor table64 = rand64({v, c}, g).to(dt).to(DType::f64);
+      const Tensor id = ids(n, v, 3);
+      Tensor out = Tensor::empty({n, c}, dt, kGpu);
+      embedding(id.to(kGpu), table64.to(dt).to(kGpu), out);
+      Tensor ref = Tensor::empty({n, c}, DType::f64);
+      embedding(id, table64, ref);
+      check_close(out.to(Device::cpu()).to(DType::f64), ref, 0, 0, "embedding gather");
+      const Tensor dout64 = rand64({n, c}, g).to(dt).to(DType::f64);
+      Tensor d1 = Tensor::empty({v, c}, dt, kGpu), d2 = Tensor::empty({v, c}, dt, kGpu);
+      embedding_backward(id.to(kGpu), dout64.to(dt).to(kGpu), d1);
+      embedding_backward(id.to(kGpu), dout64.to(dt).to(kGpu), d2);
+      check_close(d1.to(Device::cpu()).to(DType::f64), d2.to(Device::cpu()).to(DType::f64), 0, 0,
+                  "embedding backward is bitwise deterministic");
+      Tensor r64 = Tensor::empty({v, c}, DType::f64), r32 = Tensor::empty({v, c}, DType::f32);
+      embedding_backward(id, dout64, r64);
+      embedding_backward(id, dout64.to(DType::f32), r32);
+      compare(d1, r64, r32, dt, static_cast<double>(n) / static_cast<double>(v) + 1,
+              "embedding backward");
+    }
+  Tensor out = Tensor::empty({2, 3}, DType::f32, kGpu);
+  const Tensor table = Tensor::zeros({5, 3}, DType::f32, kGpu);
+  CHECK_THROWS_WITH_AS(
+      embedding(Tensor::from_vector({1, 7}, {2}, DType::i32, kGpu), table, out),
+      doctest::Contains("[embedding] ids[1]=7 is out of range [0, 5)"), Error);
+}
+
+FFN_GPU_TEST("layer_norm on the GPU matches the CPU (forward, dx, dw, db)") {
+  Generator g(32);
+  for (auto [m, c] : {std::pair<int64_t, int64_t>{1, 1}, {37, 3}, {5, 7}, {33, 1600}, {9, 4097},
+                      {64, 384}, {0, 8}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Tensor x = rand64({m, c}, g, 3.0).to(dt).to(DType::f64);
+      const Tensor w = rand64({c}, g).to(dt).to(DType::f64);
+      const Tensor b = rand64({c}, g).to(dt).to(DType::f64);
+      const Tensor dy = rand64({m, c}, g).to(dt).to(DType::f64);
+      auto run = [&](DType t, Device d) {
+        const DType sd = acc_dtype(t);
+        Tensor y = Tensor::empty({m, c}, t, d), mu = Tensor::empty({m}, sd, d),
+               rs = Tensor::empty({m}, sd, d);
+        layer_norm(x.to(t).to(d), w.to(t).to(d), b.to(t).to(d), 1e-5, y, mu, rs);
+        Tensor dx = Tensor::empty({m, c}, t, d), dw = Tensor::empty({c}, t, d),
+               db = Tensor::empty({c}, t, d);
+        // The backward reads the forward's statistics (each in its own precision).
+        layer_norm_backward(dy.to(t).to(d), x.to(t).to(d), w.to(t).to(d), mu, rs, &dx, &dw, &db);
+        return std::vector<Tensor>{y, dx, dw, db};
+      };
+      const auto gpu = run(dt, kGpu), r64 = run(DType::f64, Device::cpu()),
+                 r32 = run(DType::f32, Device::cpu());
+      const char* names[] = {"y", "dx", "dw", "db"};
+      for (int i = 0; i < 4; ++i)
+        compare(gpu[i], r64[i], r32[i], dt, i < 2 ? static_cast<double>(c) : static_cast<double>(m),
+                std::string("layer_norm ") + names[i] + " " + std::to_string(m) + "x" +
+                    std::to_string(c));
+    }
+}
+
+FFN_GPU_TEST("cross_entropy on the GPU matches the CPU; bad targets are errors") {
+  Generator g(33);
+  for (auto [n, v] : {std::pair<int64_t, int64_t>{1, 1}, {7, 13}, {129, 65}, {64, 50257}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Tensor logits = rand64({n, v}, g, 4.0).to(dt).to(DType::f64);
+      const Tensor t = ids(n, v, 5);
+      auto run = [&](DType ty, Device d) {
+        const DType ad = acc_dtype(ty);
+        Tensor loss = Tensor::empty({}, ad, d), lse = Tensor::empty({n}, ad, d);
+        cross_entropy(logits.to(ty).to(d), t.to(d), loss, lse);
+        Tensor dl = Tensor::empty({n, v}, ty, d);
+        cross_entropy_backward(logits.to(ty).to(d), t.to(d), lse,
+                               Tensor::full({}, 1.5, ad, d), dl);
+        return std::vector<Tensor>{loss.reshape({1}), lse, dl};
+      };
+      const auto gpu = run(dt, kGpu), r64 = run(DType::f64, Device::cpu()),
+                 r32 = run(DType::f32, Device::cpu());
+      // loss/lse are fp32 on the GPU for every input dtype: compare as f32 results.
+      compare(gpu[0], r64[0], r32[0], DType::f32, static_cast<double>(n * v), "xent loss");
+      compare(gpu[1], r64[1], r32[1], DType::f32, static_cast<double>(v), "xent lse");
+      compare(gpu[2], r64[2], r32[2], dt, static_cast<double>(v), "xent d_logits");
+    }
+  const Tensor logits = Tensor::zeros({2, 4}, DType::bf16, kGpu);
+  Tensor loss = Tensor::empty({}, DType::f32, kGpu), lse = Tensor::empty({2}, DType::f32, kGpu);
+  CHECK_THROWS_WITH_AS(
+      cross_entropy(logits, Tensor::from_vector({0, 4}, {2}, DType::i32, kGpu), loss, lse),
+      doctest::Contains("[cross_entropy] targets[1]=4 is out of range [0, 4)"), Error);
+}
+
+FFN_GPU_TEST("causal_softmax on the GPU matches the CPU, dropout mask included") {
+  Generator g(34);
+  for (auto [b, t] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {2, 64}, {4, 256}})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (float p : {0.0f, 0.2f}) {
+        const DropoutSpec d{p, 5, 9};
+        const Tensor s = rand64({b, t, t}, g, 4.0).to(dt).to(DType::f64);
+        const Tensor dpd = rand64({b, t, t}, g).to(dt).to(DType::f64);
+        auto run = [&](DType ty, Device dev) {
+          Tensor pr = Tensor::empty({b, t, t}, ty, dev), pd = Tensor::empty({b, t, t}, ty, dev);
+          causal_softmax(s.to(ty).to(dev), 0.125, d, pr, &pd);
+          Tensor ds = Tensor::empty({b, t, t}, ty, dev);
+          // The backward reads p in the tested precision; feed every path the same p.
+          causal_softmax_backward(pr, dpd.to(ty).to(dev), 0.125, d, ds);
+          return std::vector<Tensor>{pr, pd, ds};
+        };
+        const auto gpu = run(dt, kGpu), r64 = run(DType::f64, Device::cpu()),
+                   r32 = run(DType::f32, Device::cpu());
+        const std::string tag = " b=" + std::to_string(b) + " t=" + std::to_string(t) +
+                                " p=" + std::to_string(p);
+        compare(gpu[0], r64[0], r32[0], dt, static_cast<double>(t), "softmax p" + tag);
+        compare(gpu[1], r64[1], r32[1], dt, static_cast<double>(t), "softmax pd" + tag);
+        // The mask itself: zero exactly where the CPU's is zero.
+        const auto gv = gpu[1].to(Device::cpu()).to_vector(), cv = r64[1].to_vector();
+        int64_t mismatched = 0;
+        for (size_t i = 0; i < gv.size(); ++i) mismatched += (gv[i] == 0.0) != (cv[i] == 0.0);
+        CHECK_MESSAGE(mismatched == 0, "dropout mask differs from the CPU's", tag);
+        if (dt == DType::f32)  // bf16 backward inputs differ (p is rounded differently)
+          compare(gpu[2], r64[2], r32[2], dt, static_cast<double>(t), "softmax ds" + tag);
+      }
+}
+
+FFN_GPU_TEST("causal_attention and bmm on the GPU match the CPU (forward and backward)") {
+  Generator g(35);
+  for (auto [b, t, c, h] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 8, 1},
+                            {2, 7, 12, 3}, {2, 64, 384, 6}})
+    for (float p : {0.0f, 0.2f}) {
+      const DropoutSpec d{p, 3, 4};
+      const Tensor qkv = rand64({b, t, 3 * c}, g);
+      const Tensor dy = rand64({b, t, c}, g);
+      auto run = [&](Device dev) {
+        Var x(qkv.to(DType::f32).to(dev), true);
+        Var y = fn::causal_attention(x, h, d);
+        y.backward(dy.to(DType::f32).to(dev));
+        return std::vector<Tensor>{y.value(), x.grad()};
+      };
+      const auto gpu = run(kGpu), cpu = run(Device::cpu());
+      const double tol = 1e-5 * static_cast<double>(t + c);
+      check_close(gpu[0].to(Device::cpu()), cpu[0], tol, 1e-4, "attention y");
+      check_close(gpu[1].to(Device::cpu()), cpu[1], tol, 1e-4, "attention dqkv");
+    }
+  const Tensor a = rand64({3, 5, 4}, g).to(DType::f32), bb = rand64({3, 6, 4}, g).to(DType::f32);
+  check_close(bmm(a.to(kGpu), bb.to(kGpu), {.trans_b = true}).to(Device::cpu()),
+              bmm(a, bb, {.trans_b = true}), 1e-6, 1e-5, "bmm");
+}
+
+FFN_GPU_TEST("multi-tensor AdamW and grad norm on the GPU match the CPU") {
+  Generator g(36);
+  // Sizes around the kernel's chunking (16384) and table limits (24 tensors, 256 blocks).
+  std::vector<int64_t> sizes = {1, 3, 16384, 16385, 100000};
+  for (int i = 0; i < 30; ++i) sizes.push_back(7 + 13 * i);
+  sizes.push_back(16384 * 300 + 5);  // more chunks than one launch holds
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<AdamWSlot> gpu, cpu;
+    std::vector<Tensor> ggrads, cgrads;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const int64_t n = sizes[k];
+      const Tensor w = rand64({n}, g).to(dt), gr = rand64({n}, g, 0.1).to(dt);
+      for (int side = 0; side < 2; ++side) {
+        const Device dev = side ? Device::cpu() : kGpu;
+        AdamWSlot s;
+        s.param = w.to(dev).clone();
+        s.grad = gr.to(dev).clone();
+        s.m = Tensor::zeros({n}, DType::f32, dev);
+        s.v = Tensor::zeros({n}, DType::f32, dev);
+        if (dt != DType::f32) s.master = w.to(DType::f32).to(dev);
+        s.decay = k % 2 == 0;
+        (side ? cpu : gpu).push_back(s);
+        (side ? cgrads : ggrads).push_back(s.grad);
+      }
+    }
+    const AdamWHyper h{1e-2, 0.9, 0.95, 1e-8, 0.1};
+    for (int step = 1; step <= 3; ++step) {
+      adamw_step(gpu, h, step, 0.5);
+      adamw_step(cpu, h, step, 0.5);
+    }
+    for (size_t k = 0; k < sizes.size(); k += 7) {
+      const Tensor& gw = gpu[k].master.defined() ? gpu[k].master : gpu[k].param;
+      const Tensor& cw = cpu[k].master.defined() ? cpu[k].master : cpu[k].param;
+      check_close(gw.to(Device::cpu()), cw, 1e-6, 1e-5, "adamw weights " + std::to_string(k));
+      check_close(gpu[k].v.to(Device::cpu()), cpu[k].v, 1e-9, 1e-5, "adamw v");
+    }
+    const double gn = global_grad_norm(ggrads), cn = global_grad_norm(cgrads);
+    CHECK(gn == doctest::Approx(cn).epsilon(1e-5));
+    CHECK(global_grad_norm(ggrads) == gn);  // bitwise reproducible
+  }
+}
