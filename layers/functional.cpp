@@ -2,7 +2,10 @@
 #include "layers/functional.h"
 
 #include "kernels/bias_dropout.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/layernorm.h"
 #include "kernels/mse_loss.h"
 
 namespace ffn::fn {
@@ -103,6 +106,69 @@ class FfnNode final : public Node {
   FfnForward saved_;  // z (and whether it includes b1); never y
 };
 
+class EmbeddingNode final : public Node {
+ public:
+  explicit EmbeddingNode(Tensor ids) : ids_(std::move(ids)) {}
+  const char* name() const override { return "embedding"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const Tensor& table = inputs[0].value();
+    Tensor d = Tensor::empty(table.shape(), table.dtype(), table.device());
+    embedding_backward(ids_, d_out.reshape({ids_.numel(), table.size(1)}), d);
+    return {d};
+  }
+  void release() override { ids_ = Tensor(); }
+
+ private:
+  Tensor ids_;  // flattened
+};
+
+class LayerNormNode final : public Node {
+ public:
+  LayerNormNode(Tensor mean, Tensor rstd) : mean_(std::move(mean)), rstd_(std::move(rstd)) {}
+  const char* name() const override { return "layer_norm"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const Tensor& x = inputs[0].value();
+    const Tensor& w = inputs[1].value();
+    const Tensor x2 = x.view_2d();
+    std::vector<Tensor> g(3);
+    Tensor dx, dw, db;
+    if (inputs[0].requires_grad()) dx = Tensor::empty(x2.shape(), x.dtype(), x.device());
+    if (inputs[1].requires_grad()) dw = Tensor::empty(w.shape(), w.dtype(), w.device());
+    if (inputs[2].defined() && inputs[2].requires_grad())
+      db = Tensor::empty(w.shape(), w.dtype(), w.device());
+    layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
+                        dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr);
+    if (dx.defined()) g[0] = dx.reshape(x.shape());
+    g[1] = dw;
+    g[2] = db;
+    return g;
+  }
+  void release() override { mean_ = rstd_ = Tensor(); }
+  size_t saved_bytes() const override {
+    return mean_.defined() ? mean_.nbytes() + rstd_.nbytes() : 0;
+  }
+
+ private:
+  Tensor mean_, rstd_;
+};
+
+class CrossEntropyNode final : public Node {
+ public:
+  CrossEntropyNode(Tensor targets, Tensor lse) : targets_(std::move(targets)), lse_(std::move(lse)) {}
+  const char* name() const override { return "cross_entropy"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const Tensor& logits = inputs[0].value();
+    const Tensor l2 = logits.view_2d();
+    Tensor d = Tensor::empty(l2.shape(), l2.dtype(), l2.device());
+    cross_entropy_backward(l2, targets_, lse_, d_out, d);
+    return {d.reshape(logits.shape())};
+  }
+  void release() override { targets_ = lse_ = Tensor(); }
+
+ private:
+  Tensor targets_, lse_;
+};
+
 Tensor value_or_empty(const Var& v) {
   return v.defined() ? v.value() : Tensor();
 }
@@ -154,6 +220,46 @@ Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2
   FfnForward f = ffn_forward(xv.view_2d(), p, cfg, d);
   const Tensor y = f.y.reshape(with_last(xv.shape(), f.y.size(1)));
   return make_output(y, std::make_shared<FfnNode>(cfg, d, std::move(f)), {x, w1, b1, w2, b2});
+}
+
+Var embedding(const Tensor& ids, const Var& table) {
+  const Tensor& t = table.value();
+  check_dim(t, 2, "embedding", "table");
+  check_defined(ids, "embedding", "ids");
+  const Tensor flat = ids.contiguous().reshape({ids.numel()});
+  Tensor out = Tensor::empty({flat.numel(), t.size(1)}, t.dtype(), t.device());
+  ffn::embedding(flat, t, out);
+  Shape shape = ids.shape();
+  shape.push_back(t.size(1));
+  return make_output(out.reshape(shape), std::make_shared<EmbeddingNode>(flat), {table});
+}
+
+Var layer_norm(const Var& x, const Var& w, const Var& b, double eps) {
+  const Tensor& xv = x.value();
+  FFN_CHECK(xv.dim() >= 1, "[layer_norm] x must have at least one dimension");
+  const Tensor x2 = xv.view_2d();
+  const DType sd = acc_dtype(xv.dtype());
+  Tensor y = Tensor::empty(x2.shape(), xv.dtype(), xv.device());
+  Tensor mean = Tensor::empty({x2.size(0)}, sd, xv.device());
+  Tensor rstd = Tensor::empty({x2.size(0)}, sd, xv.device());
+  ffn::layer_norm(x2, w.value(), value_or_empty(b), eps, y, mean, rstd);
+  return make_output(y.reshape(xv.shape()),
+                     std::make_shared<LayerNormNode>(std::move(mean), std::move(rstd)), {x, w, b});
+}
+
+Var cross_entropy(const Var& logits, const Tensor& targets) {
+  const Tensor& lv = logits.value();
+  FFN_CHECK(lv.dim() >= 1, "[cross_entropy] logits must have at least one dimension");
+  const Tensor l2 = lv.view_2d();
+  check_defined(targets, "cross_entropy", "targets");
+  FFN_CHECK(targets.numel() == l2.size(0), "[cross_entropy] targets.shape=",
+            shape_str(targets.shape()), " does not match logits.shape=", shape_str(lv.shape()));
+  const Tensor t = targets.contiguous().reshape({targets.numel()});
+  const DType ad = acc_dtype(lv.dtype());
+  Tensor loss = Tensor::empty({}, ad, lv.device());
+  Tensor lse = Tensor::empty({l2.size(0)}, ad, lv.device());
+  ffn::cross_entropy(l2, t, loss, lse);
+  return make_output(loss, std::make_shared<CrossEntropyNode>(t, std::move(lse)), {logits});
 }
 
 }  // namespace ffn::fn

@@ -23,4 +23,16 @@ Var mse_loss(const Var& pred, const Tensor& target);
 Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2,
         const FfnConfig& cfg, const FfnDropout& d);
 
+// out[..., :] = table[ids[...], :]; ids: i32 of any shape, table: [V, C] → [..., C].
+Var embedding(const Tensor& ids, const Var& table);
+// LayerNorm over the last dimension (kernels/layernorm.h); b may be an undefined Var.
+Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);
+// Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
+// acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.
+Var cross_entropy(const Var& logits, const Tensor& targets);
+// Causal multi-head self-attention core: qkv [B, T, 3C] (q | k | v, heads of C/heads
+// columns each) → [B, T, C] = concat_h(dropout(softmax(q_h k_hᵀ/√d)) v_h). One node; it
+// saves the head-split q, k, v and the attention probabilities (layers/attention.cpp).
+Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout);
+
 }  // namespace ffn::fn

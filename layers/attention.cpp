@@ -1,0 +1,104 @@
+// layers/attention.cpp — fn::causal_attention: the multi-head causal attention core as one
+// autograd node, built from batched cuBLASLt GEMMs and the fused causal softmax + dropout.
+//
+// Forward:  [q|k|v] = split_heads(qkv)            [3, B·H, T, D] (one strided copy)
+//           s = q·kᵀ;  p, pd = causal_softmax(s, 1/√D, dropout)
+//           y = merge_heads(pd·v)                  [B, T, C]
+// Backward: pd is rebuilt from p by bias_dropout (same mask, Note [Dropout RNG]), then
+//           dv = pdᵀ·dy,  dpd = dy·vᵀ,  ds = causal_softmax_backward(p, dpd),
+//           dq = ds·k,  dk = dsᵀ·q,  dqkv = merge of [dq|dk|dv].
+// Saved between the passes: the head-split q, k, v and p (never s, pd or the mask).
+#include <cmath>
+
+#include "kernels/bias_dropout.h"
+#include "kernels/gemm.h"
+#include "kernels/softmax.h"
+#include "layers/functional.h"
+
+namespace ffn::fn {
+
+namespace {
+
+struct Dims {
+  int64_t b, t, c, h, d;
+};
+
+class AttentionNode final : public Node {
+ public:
+  AttentionNode(Dims dims, DropoutSpec drop, Tensor split, Tensor p)
+      : dims_(dims), drop_(drop), split_(std::move(split)), p_(std::move(p)) {}
+  const char* name() const override { return "causal_attention"; }
+
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const auto [b, t, c, h, d] = dims_;
+    const int64_t bh = b * h;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const DType dt = p_.dtype();
+    const Device dev = p_.device();
+    const Tensor q = split_.narrow(0, 0, 1).reshape({bh, t, d});
+    const Tensor k = split_.narrow(0, 1, 1).reshape({bh, t, d});
+    const Tensor v = split_.narrow(0, 2, 1).reshape({bh, t, d});
+    const Tensor dy = d_out.reshape({b, t, h, d}).permute({0, 2, 1, 3}).contiguous().reshape(
+        {bh, t, d});
+    Tensor pd = p_;
+    if (drop_.active()) {
+      pd = Tensor::empty(p_.shape(), dt, dev);
+      Tensor pd2 = pd.reshape({bh * t, t});
+      bias_dropout(p_.reshape({bh * t, t}), Tensor(), drop_, pd2);
+    }
+    Tensor dsplit = Tensor::empty({3, bh, t, d}, dt, dev);
+    Tensor dq = dsplit.narrow(0, 0, 1).reshape({bh, t, d});
+    Tensor dk = dsplit.narrow(0, 1, 1).reshape({bh, t, d});
+    Tensor dv = dsplit.narrow(0, 2, 1).reshape({bh, t, d});
+    gemm_batched(pd, dy, dv, {.trans_a = true});
+    pd = Tensor();
+    const Tensor dpd = bmm(dy, v, {.trans_b = true});
+    Tensor ds = Tensor::empty(p_.shape(), dt, dev);
+    causal_softmax_backward(p_, dpd, scale, drop_, ds);
+    gemm_batched(ds, k, dq);
+    gemm_batched(ds, q, dk, {.trans_a = true});
+    Tensor dqkv = Tensor::empty({b, t, 3, h, d}, dt, dev);
+    dqkv.copy_(dsplit.reshape({3, b, h, t, d}).permute({1, 3, 0, 2, 4}));
+    return {dqkv.reshape({b, t, 3 * c})};
+  }
+  void release() override { split_ = p_ = Tensor(); }
+  size_t saved_bytes() const override {
+    return split_.defined() ? split_.nbytes() + p_.nbytes() : 0;
+  }
+
+ private:
+  Dims dims_;
+  DropoutSpec drop_;
+  Tensor split_;  // [3, B·H, T, D]
+  Tensor p_;      // [B·H, T, T], before dropout
+};
+
+}  // namespace
+
+Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout) {
+  const Tensor& x = qkv.value();
+  FFN_CHECK(x.dim() == 3, "[causal_attention] qkv must be [B, T, 3C], got ", x.desc());
+  FFN_CHECK(heads > 0 && x.size(2) % (3 * heads) == 0, "[causal_attention] qkv.shape[-1]=",
+            x.size(2), " is not 3·heads·head_dim for heads=", heads);
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3, d = c / heads, bh = b * heads;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const Tensor split =
+      x.reshape({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4}).contiguous().reshape({3, bh, t, d});
+  const Tensor q = split.narrow(0, 0, 1).reshape({bh, t, d});
+  const Tensor k = split.narrow(0, 1, 1).reshape({bh, t, d});
+  const Tensor v = split.narrow(0, 2, 1).reshape({bh, t, d});
+  const Tensor s = bmm(q, k, {.trans_b = true});
+  Tensor p = Tensor::empty(s.shape(), x.dtype(), x.device());
+  Tensor pd;
+  if (attn_dropout.active()) pd = Tensor::empty(s.shape(), x.dtype(), x.device());
+  causal_softmax(s, scale, attn_dropout, p, pd.defined() ? &pd : nullptr);
+  const Tensor y = bmm(pd.defined() ? pd : p, v);
+  const Tensor out =
+      y.reshape({b, heads, t, d}).permute({0, 2, 1, 3}).contiguous().reshape({b, t, c});
+  return make_output(out,
+                     std::make_shared<AttentionNode>(Dims{b, t, c, heads, d}, attn_dropout, split,
+                                                     std::move(p)),
+                     {qkv});
+}
+
+}  // namespace ffn::fn

@@ -1,0 +1,193 @@
+// layers/transformer.cpp — construction and forward of the GPT pieces (layers/transformer.h).
+#include "layers/transformer.h"
+
+#include <cmath>
+#include <vector>
+
+namespace ffn {
+
+Embedding::Embedding(int64_t num, int64_t dim, double init_std, const ParamInit& place,
+                     Generator& init) {
+  FFN_CHECK(num > 0 && dim > 0, "[embedding] num=", num, " and dim=", dim, " must be > 0");
+  w_ = register_parameter("weight",
+                          Tensor::randn({num, dim}, init, place.dtype, place.device, 0.0, init_std));
+}
+
+Var Embedding::forward(const Tensor& ids) {
+  check_same_device(ids, w_.value(), "embedding", "ids", "weight");
+  return fn::embedding(ids, w_);
+}
+
+LayerNorm::LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps)
+    : dim_(dim), eps_(eps) {
+  FFN_CHECK(dim > 0, "[layer_norm] dim must be > 0, got ", dim);
+  w_ = register_parameter("weight", Tensor::full({dim}, 1.0, place.dtype, place.device));
+  if (bias) b_ = register_parameter("bias", Tensor::zeros({dim}, place.dtype, place.device));
+}
+
+void LayerNorm::check_input(const Tensor& x) const {
+  FFN_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "[layer_norm] x.shape[-1]=",
+            x.dim() ? x.size(-1) : 0, " != dim=", dim_, " (x.shape=", shape_str(x.shape()), ")");
+  check_same_dtype(x, w_.value(), "layer_norm", "x", "weight");
+  check_same_device(x, w_.value(), "layer_norm", "x", "weight");
+}
+
+Var LayerNorm::forward_impl(const Var& x) {
+  return fn::layer_norm(x, w_, b_, eps_);
+}
+
+namespace {
+LinearOptions linear_opts(int64_t in, int64_t out, bool bias, double std, const ParamInit& at) {
+  return LinearOptions{in, out, bias, std, at};
+}
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const AttentionOptions& opt,
+                                         std::shared_ptr<Generator> rng, Generator& init)
+    : opt_(opt),
+      rng_(std::move(rng)),
+      c_attn_(linear_opts(opt.d_model, 3 * opt.d_model, opt.bias, opt.init_std, opt.place), init),
+      c_proj_(linear_opts(opt.d_model, opt.d_model, opt.bias, opt.proj_init_std, opt.place), init) {
+  FFN_CHECK(opt.heads > 0 && opt.d_model % opt.heads == 0, "[attention] d_model=", opt.d_model,
+            " is not divisible by heads=", opt.heads);
+  for (float p : {opt.attn_dropout, opt.resid_dropout})
+    FFN_CHECK(std::isfinite(p) && p >= 0.0f && p < 1.0f, "[attention] dropout must be in [0, 1), ",
+              "got ", p);
+  register_module("c_attn", c_attn_);
+  register_module("c_proj", c_proj_);
+}
+
+void CausalSelfAttention::check_input(const Tensor& x) const {
+  FFN_CHECK(x.dim() == 3 && x.size(2) == opt_.d_model, "[attention] x must be [B, T, ",
+            opt_.d_model, "], got ", shape_str(x.shape()));
+}
+
+Var CausalSelfAttention::forward_impl(const Var& x) {
+  const bool train = is_training();
+  const DropoutSpec attn = train && opt_.attn_dropout > 0 ? rng_->dropout(opt_.attn_dropout)
+                                                          : DropoutSpec{};
+  Var y = fn::causal_attention(c_attn_.forward(x), opt_.heads, attn);
+  y = c_proj_.forward(y);
+  if (train && opt_.resid_dropout > 0) y = fn::dropout(y, rng_->dropout(opt_.resid_dropout));
+  return y;
+}
+
+FfnKind parse_ffn_kind(const std::string& s) {
+  if (s == "gelu") return FfnKind::gelu;
+  if (s == "geglu") return FfnKind::geglu;
+  if (s == "swiglu") return FfnKind::swiglu;
+  FFN_THROW("[model] ffn must be \"gelu\", \"geglu\" or \"swiglu\", got \"", s, "\"");
+}
+
+const char* ffn_kind_name(FfnKind k) {
+  return k == FfnKind::gelu ? "gelu" : k == FfnKind::geglu ? "geglu" : "swiglu";
+}
+
+namespace {
+double proj_std(const GptConfig& cfg) {
+  return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.layers));
+}
+AttentionOptions attn_opts(const GptConfig& cfg) {
+  return AttentionOptions{cfg.d_model,  cfg.heads,      cfg.dropout, cfg.dropout,
+                          cfg.bias,     cfg.init_std,   proj_std(cfg), cfg.place};
+}
+}  // namespace
+
+TransformerBlock::TransformerBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng,
+                                   Generator& init)
+    : d_model_(cfg.d_model),
+      ln_1_(cfg.d_model, cfg.bias, cfg.place),
+      attn_(attn_opts(cfg), rng, init),
+      ln_2_(cfg.d_model, cfg.bias, cfg.place) {
+  FeedForwardOptions f;
+  f.d_model = cfg.d_model;
+  f.hidden = static_cast<int64_t>(std::llround(cfg.ffn_mult * static_cast<double>(cfg.d_model)));
+  FFN_CHECK(f.hidden > 0, "[model] ffn_mult=", cfg.ffn_mult, " gives an empty hidden layer");
+  f.act = cfg.ffn == FfnKind::swiglu  ? Activation::silu
+          : cfg.ffn == FfnKind::geglu ? Activation::gelu_tanh
+                                      : Activation::gelu_erf;
+  f.dropout = 0.0f;  // nanoGPT drops only the MLP output
+  f.out_dropout = cfg.dropout;
+  f.bias = cfg.bias;
+  f.init_std = cfg.init_std;
+  f.place = cfg.place;
+  if (cfg.ffn == FfnKind::gelu)
+    mlp_ = std::make_unique<FeedForward>(f, rng);
+  else
+    mlp_ = std::make_unique<GatedFeedForward>(f, rng);
+  register_module("ln_1", ln_1_);
+  register_module("attn", attn_);
+  register_module("ln_2", ln_2_);
+  register_module("mlp", *mlp_);
+}
+
+void TransformerBlock::check_input(const Tensor& x) const {
+  FFN_CHECK(x.dim() == 3 && x.size(2) == d_model_, "[block] x must be [B, T, ", d_model_,
+            "], got ", shape_str(x.shape()));
+}
+
+Var TransformerBlock::forward_impl(const Var& x) {
+  const Var a = fn::add(x, attn_.forward(ln_1_.forward(x)));
+  return fn::add(a, mlp_->forward(ln_2_.forward(a)));
+}
+
+GPT::GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
+    : cfg_(cfg),
+      rng_(rng),
+      wte_(cfg.vocab_size, cfg.d_model, cfg.init_std, cfg.place, init),
+      wpe_(cfg.context, cfg.d_model, cfg.init_std, cfg.place, init),
+      drop_(cfg.dropout, rng),
+      ln_f_(cfg.d_model, cfg.bias, cfg.place) {
+  FFN_CHECK(cfg.layers > 0, "[model] layers must be > 0, got ", cfg.layers);
+  register_module("wte", wte_);
+  register_module("wpe", wpe_);
+  register_module("drop", drop_);
+  for (int64_t i = 0; i < cfg.layers; ++i) {
+    h_.push_back(std::make_unique<TransformerBlock>(cfg, rng, init));
+    register_module("h." + std::to_string(i), *h_.back());
+  }
+  register_module("ln_f", ln_f_);
+  // GPT-2: the projections into the residual stream start smaller (1/√(2·layers)).
+  for (auto& [name, v] : named_parameters()) {
+    const bool proj = name.ends_with("attn.c_proj.weight") || name.ends_with("mlp.fc2.weight");
+    if (proj)
+      v.mutable_value() = Tensor::randn(v.shape(), init, cfg.place.dtype, cfg.place.device, 0.0,
+                                        proj_std(cfg));
+  }
+}
+
+Tensor GPT::positions(int64_t b, int64_t t) {
+  if (!pos_cache_.defined() || pos_cache_.size(0) != b || pos_cache_.size(1) != t) {
+    std::vector<double> pos(static_cast<size_t>(b * t));
+    for (int64_t i = 0; i < b * t; ++i) pos[i] = static_cast<double>(i % t);
+    pos_cache_ = Tensor::from_vector(pos, {b, t}, DType::i32, cfg_.place.device);
+  }
+  return pos_cache_;
+}
+
+Var GPT::hidden(const Tensor& ids) {
+  FFN_CHECK(ids.dim() == 2, "[gpt] ids must be [B, T], got ", ids.desc());
+  FFN_CHECK(ids.size(1) >= 1 && ids.size(1) <= cfg_.context, "[gpt] sequence length ",
+            ids.size(1), " must be in [1, context=", cfg_.context, "]");
+  Var x = fn::add(wte_.forward(ids), wpe_.forward(positions(ids.size(0), ids.size(1))));
+  x = drop_.forward(x);
+  for (auto& block : h_) x = block->forward(x);
+  return ln_f_.forward(x);
+}
+
+Var GPT::forward(const Tensor& ids) {
+  return fn::linear(hidden(ids), wte_.weight(), Var());
+}
+
+Var GPT::loss(const Tensor& ids, const Tensor& targets) {
+  FFN_CHECK(targets.shape() == ids.shape(), "[gpt] targets.shape=", shape_str(targets.shape()),
+            " != ids.shape=", shape_str(ids.shape()));
+  return fn::cross_entropy(forward(ids), targets);
+}
+
+double GPT::flops_per_token(int64_t t) const {
+  const double n = static_cast<double>(num_parameters() - wpe_.weight().value().numel());
+  return 6.0 * n + 12.0 * static_cast<double>(cfg_.layers * t * cfg_.d_model);
+}
+
+}  // namespace ffn

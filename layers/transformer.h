@@ -1,0 +1,129 @@
+// layers/transformer.h — the pieces of a GPT: Embedding, LayerNorm, CausalSelfAttention,
+// TransformerBlock (pre-LN, FeedForward or GatedFeedForward) and GPT with tied input/output
+// embeddings. Parameter names follow nanoGPT's (wte, wpe, h.N.ln_1, h.N.attn.c_attn, …) so
+// checkpoints read naturally next to PyTorch ones.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/layers.h"
+
+namespace ffn {
+
+class Embedding : public Module {
+ public:
+  // N(0, init_std) rows.
+  Embedding(int64_t num, int64_t dim, double init_std, const ParamInit& place, Generator& init);
+  // ids: i32 of any shape → [..., dim].
+  Var forward(const Tensor& ids);
+  const Var& weight() const { return w_; }
+
+ private:
+  Var w_;
+};
+
+class LayerNorm : public Layer {
+ public:
+  LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps = 1e-5);
+
+ protected:
+  void check_input(const Tensor& x) const override;
+  Var forward_impl(const Var& x) override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+  Var w_, b_;
+};
+
+struct AttentionOptions {
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  float attn_dropout = 0.0f;   // on the attention probabilities
+  float resid_dropout = 0.0f;  // on the output projection
+  bool bias = true;
+  double init_std = 0.02;
+  double proj_init_std = 0.02;  // c_proj (GPT-2 scales it by 1/√(2·layers))
+  ParamInit place;
+};
+
+// x [B, T, C] → c_proj(attention(c_attn(x))) with causal masking.
+class CausalSelfAttention : public Layer {
+ public:
+  CausalSelfAttention(const AttentionOptions& opt, std::shared_ptr<Generator> rng,
+                      Generator& init);
+
+ protected:
+  void check_input(const Tensor& x) const override;
+  Var forward_impl(const Var& x) override;
+
+ private:
+  AttentionOptions opt_;
+  std::shared_ptr<Generator> rng_;
+  Linear c_attn_, c_proj_;
+};
+
+enum class FfnKind : uint8_t { gelu, geglu, swiglu };
+FfnKind parse_ffn_kind(const std::string& s);  // "gelu" | "geglu" | "swiglu"
+const char* ffn_kind_name(FfnKind k);
+
+struct GptConfig {
+  int64_t vocab_size = 0;
+  int64_t context = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t d_model = 0;
+  FfnKind ffn = FfnKind::gelu;
+  double ffn_mult = 4.0;  // hidden = round(ffn_mult · d_model)
+  float dropout = 0.0f;   // embedding, attention, residual dropout (nanoGPT's)
+  bool bias = true;
+  double init_std = 0.02;
+  ParamInit place;
+};
+
+// x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class TransformerBlock : public Layer {
+ public:
+  TransformerBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);
+
+ protected:
+  void check_input(const Tensor& x) const override;
+  Var forward_impl(const Var& x) override;
+
+ private:
+  int64_t d_model_;
+  LayerNorm ln_1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln_2_;
+  std::unique_ptr<FeedForward> mlp_;
+};
+
+class GPT : public Module {
+ public:
+  // `rng` draws the dropout masks; `init` the initial weights (GPT-2's scheme).
+  GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);
+  const GptConfig& config() const { return cfg_; }
+  const Var& token_embedding() const { return wte_.weight(); }
+  // ids: i32 [B, T] with T ≤ context → final hidden states [B, T, C] (after ln_f).
+  Var hidden(const Tensor& ids);
+  // logits [B, T, V] through the tied embedding.
+  Var forward(const Tensor& ids);
+  // Mean cross-entropy of the next-token predictions against targets [B, T].
+  Var loss(const Tensor& ids, const Tensor& targets);
+  // FLOPs of one training step's forward+backward per token (PaLM's 6N + 12·L·T·C).
+  double flops_per_token(int64_t t) const;
+
+ private:
+  Tensor positions(int64_t b, int64_t t);
+  GptConfig cfg_;
+  std::shared_ptr<Generator> rng_;
+  Embedding wte_, wpe_;
+  Dropout drop_;
+  std::vector<std::unique_ptr<TransformerBlock>> h_;
+  LayerNorm ln_f_;
+  Tensor pos_cache_;
+};
+
+}  // namespace ffn

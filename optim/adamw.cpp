@@ -1,0 +1,124 @@
+// optim/adamw.cpp — AdamW's bookkeeping around the fused kernel, loss scaling, schedules.
+#include "optim/adamw.h"
+
+#include <cmath>
+#include <numbers>
+
+namespace ffn {
+
+AdamW::AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWOptions& opt)
+    : params_(std::move(named_params)), opt_(opt) {
+  FFN_CHECK(opt.grad_clip >= 0, "[adamw] grad_clip must be >= 0, got ", opt.grad_clip);
+  FFN_CHECK(opt.max_nonfinite_in_row >= 1, "[adamw] max_nonfinite_in_row must be >= 1");
+  for (auto& [name, p] : params_) {
+    FFN_CHECK(p.defined() && p.requires_grad(), "[adamw] parameter ", name,
+              " is undefined or does not require grad");
+    const Tensor& w = p.value();
+    AdamWSlot s;
+    s.param = w;
+    const DType acc = acc_dtype(w.dtype());
+    s.m = Tensor::zeros(w.shape(), acc, w.device());
+    s.v = Tensor::zeros(w.shape(), acc, w.device());
+    if (is_half(w.dtype())) s.master = w.to(DType::f32);
+    s.decay = !opt.decay_matrices_only || w.dim() >= 2;
+    slots_.push_back(std::move(s));
+  }
+}
+
+StepReport AdamW::step(double lr, double loss, double grad_divisor) {
+  NoGradGuard no_grad;
+  FFN_CHECK(grad_divisor > 0 && std::isfinite(grad_divisor), "[adamw] grad_divisor must be > 0");
+  std::vector<AdamWSlot> live;
+  std::vector<Tensor> grads;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Var& p = params_[i].second;
+    if (!p.grad().defined()) continue;
+    AdamWSlot s = slots_[i];
+    s.param = p.value();  // the layers may have replaced the tensor (e.g. Module::to)
+    s.grad = p.grad().contiguous();
+    grads.push_back(s.grad);
+    live.push_back(std::move(s));
+  }
+  StepReport r;
+  r.grad_norm = grads.empty() ? 0.0 : global_grad_norm(grads) / grad_divisor;
+  if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    ++skipped_total_;
+    ++skipped_in_row_;
+    FFN_CHECK(skipped_in_row_ < opt_.max_nonfinite_in_row, "[adamw] ", skipped_in_row_,
+              " steps in a row had a non-finite loss or gradient (last: loss=", loss,
+              ", grad_norm=", r.grad_norm, ") after ", steps_,
+              " good steps; giving up. Lower the lr, check the data, or use bf16/fp32.");
+    return r;
+  }
+  skipped_in_row_ = 0;
+  double scale = 1.0 / grad_divisor;
+  if (opt_.grad_clip > 0 && r.grad_norm > opt_.grad_clip)
+    scale *= opt_.grad_clip / (r.grad_norm + 1e-6);
+  AdamWHyper h = opt_.hyper;
+  h.lr = lr;
+  ++steps_;
+  adamw_step(live, h, steps_, scale);
+  return r;
+}
+
+void AdamW::zero_grad() {
+  for (auto& [name, p] : params_) p.zero_grad();
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& n = params_[i].first;
+    out.emplace_back(n + ".exp_avg", slots_[i].m);
+    out.emplace_back(n + ".exp_avg_sq", slots_[i].v);
+    if (slots_[i].master.defined()) out.emplace_back(n + ".master", slots_[i].master);
+  }
+  return out;
+}
+
+void AdamW::set_counters(const std::vector<int64_t>& c) {
+  FFN_CHECK(c.size() == 3 && c[0] >= 0 && c[1] >= 0 && c[2] >= 0,
+            "[adamw] bad optimizer counters in the checkpoint");
+  steps_ = c[0];
+  skipped_total_ = c[1];
+  skipped_in_row_ = c[2];
+}
+
+void LossScaler::update(bool overflow) {
+  if (!enabled_) return;
+  if (overflow) {
+    scale_ = std::max(1.0, scale_ / 2);
+    good_ = 0;
+  } else if (++good_ >= interval_) {
+    scale_ = std::min(scale_ * 2, 16777216.0);
+    good_ = 0;
+  }
+}
+
+void LossScaler::set_state(const std::vector<double>& s) {
+  FFN_CHECK(s.size() == 2 && s[0] >= 1.0, "[loss_scale] bad loss-scaler state in the checkpoint");
+  scale_ = s[0];
+  good_ = static_cast<int64_t>(s[1]);
+}
+
+LrSchedule parse_schedule(const std::string& s) {
+  if (s == "constant") return LrSchedule::constant;
+  if (s == "linear") return LrSchedule::linear;
+  if (s == "cosine") return LrSchedule::cosine;
+  FFN_THROW("[schedule] expected \"constant\", \"linear\" or \"cosine\", got \"", s, "\"");
+}
+
+double lr_at(LrSchedule s, int64_t iter, double lr, double min_lr, int64_t warmup,
+             int64_t decay_iters) {
+  if (iter < warmup)
+    return lr * static_cast<double>(iter + 1) / static_cast<double>(warmup + 1);
+  if (s == LrSchedule::constant) return lr;
+  if (iter >= decay_iters) return min_lr;
+  const double ratio =
+      static_cast<double>(iter - warmup) / static_cast<double>(std::max<int64_t>(1, decay_iters - warmup));
+  if (s == LrSchedule::linear) return lr - ratio * (lr - min_lr);
+  return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (lr - min_lr);
+}
+
+}  // namespace ffn

@@ -1,0 +1,89 @@
+// optim/adamw.h — AdamW over a model's parameters with everything a training step needs
+// around it: decoupled weight decay on matrices only (configurable), global grad-norm
+// clipping, skipping steps whose loss or gradient norm is not finite (and aborting after
+// too many in a row), dynamic loss scaling for fp16, and LR schedules.
+//
+// The update itself is one fused multi-tensor kernel (kernels/adamw.h) with fp32 master
+// weights and state for 16-bit parameters (Note [Master weights]).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "kernels/adamw.h"
+
+namespace ffn {
+
+struct AdamWOptions {
+  AdamWHyper hyper;              // hyper.lr is replaced by the lr passed to step()
+  bool decay_matrices_only = true;  // weight decay on ≥2-D params only (not biases, LN)
+  double grad_clip = 0.0;        // max global grad norm; 0 = off
+  int max_nonfinite_in_row = 20; // abort after this many consecutive skipped steps
+};
+
+struct StepReport {
+  double grad_norm = 0.0;  // before clipping (of the unscaled gradient)
+  bool skipped = false;    // loss or grad norm not finite: parameters untouched
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWOptions& opt);
+
+  // Clips, checks and updates every parameter. `loss` is the step's (host) loss;
+  // `grad_divisor` divides every gradient first (the loss scale; 1 otherwise). A
+  // non-finite loss or gradient norm skips the update; after max_nonfinite_in_row
+  // skips in a row it throws an error naming the step and the values.
+  StepReport step(double lr, double loss, double grad_divisor = 1.0);
+  void zero_grad();
+
+  int64_t steps() const { return steps_; }            // updates applied
+  int64_t skipped() const { return skipped_total_; }  // steps skipped, in total
+  const AdamWOptions& options() const { return opt_; }
+
+  // The optimizer's state as named tensors (for checkpoints): "<param>.exp_avg",
+  // "<param>.exp_avg_sq" and, for 16-bit params, "<param>.master".
+  std::vector<std::pair<std::string, Tensor>> state() const;
+  // Counters for checkpoints: steps, skipped in total, skipped in a row.
+  std::vector<int64_t> counters() const { return {steps_, skipped_total_, skipped_in_row_}; }
+  void set_counters(const std::vector<int64_t>& c);
+
+ private:
+  std::vector<std::pair<std::string, Var>> params_;
+  std::vector<AdamWSlot> slots_;
+  AdamWOptions opt_;
+  int64_t steps_ = 0;
+  int64_t skipped_total_ = 0;
+  int64_t skipped_in_row_ = 0;
+};
+
+// Dynamic loss scaling (fp16): multiply the loss by scale(); after an overflow (a skipped
+// step) halve it, after `growth_interval` good steps in a row double it.
+class LossScaler {
+ public:
+  explicit LossScaler(bool enabled, double init = 65536.0, int growth_interval = 2000)
+      : enabled_(enabled), scale_(enabled ? init : 1.0), interval_(growth_interval) {}
+  bool enabled() const { return enabled_; }
+  double scale() const { return scale_; }
+  void update(bool overflow);
+  std::vector<double> state() const { return {scale_, static_cast<double>(good_)}; }
+  void set_state(const std::vector<double>& s);
+
+ private:
+  bool enabled_;
+  double scale_;
+  int interval_;
+  int64_t good_ = 0;
+};
+
+enum class LrSchedule : uint8_t { constant, linear, cosine };
+LrSchedule parse_schedule(const std::string& s);  // "constant" | "linear" | "cosine"
+
+// lr at iteration `iter` (0-based): linear warmup lr·(iter+1)/(warmup+1) for iter < warmup,
+// then constant lr, or linear / cosine decay from lr to min_lr at decay_iters (min_lr after).
+double lr_at(LrSchedule s, int64_t iter, double lr, double min_lr, int64_t warmup,
+             int64_t decay_iters);
+
+}  // namespace ffn
