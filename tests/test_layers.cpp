@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "layers/layers.h"
+#include "layers/transformer.h"
 #include "optim/sgd.h"
 #include "tests/test_util.h"
 
@@ -331,4 +332,93 @@ FFN_GPU_TEST("a bf16 FFN on the GPU trains with fp32 master weights") {
   const auto [first, last] = train_teacher_student(DType::bf16, Device::cuda(0));
   INFO("first loss ", first, ", last loss ", last);
   CHECK(last * 10 <= first);
+}
+
+// ---- GPT pieces (layers/transformer.h) ----
+
+namespace {
+GptConfig tiny_gpt(FfnKind ffn, float dropout, DType dt = DType::f64, Device dev = Device::cpu()) {
+  GptConfig c;
+  c.vocab_size = 11;
+  c.context = 6;
+  c.layers = 2;
+  c.heads = 2;
+  c.d_model = 4;
+  c.ffn = ffn;
+  c.ffn_mult = 2.0;
+  c.dropout = dropout;
+  c.init_std = 0.5;  // large enough that every path carries gradient
+  c.place = ParamInit{dt, dev};
+  return c;
+}
+Tensor token_ids(const std::vector<double>& v, int64_t b, int64_t t, Device d = Device::cpu()) {
+  return Tensor::from_vector(v, {b, t}, DType::i32, d);
+}
+}  // namespace
+
+TEST_CASE("a 2-layer GPT passes finite-difference checks end to end (all parameters)") {
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
+  for (FfnKind k : {FfnKind::gelu, FfnKind::swiglu})
+    for (float p : {0.0f, 0.1f}) {
+      Generator init(3);
+      auto rng = std::make_shared<Generator>(9);
+      GPT model(tiny_gpt(k, p), rng, init);
+      CAPTURE(ffn_kind_name(k));
+      CAPTURE(p);
+      // The loss must be a pure function of the parameters: replay the same dropout streams.
+      const uint64_t off = rng->offset();
+      gradcheck_vars(
+          [&]() {
+            rng->set_offset(off);
+            return model.loss(x, y);
+          },
+          model.parameters());
+    }
+}
+
+TEST_CASE("GPT: tied embeddings, parameter names, eval is deterministic, shape errors") {
+  Generator init(4);
+  GPT model(tiny_gpt(FfnKind::gelu, 0.2f), std::make_shared<Generator>(1), init);
+  const auto named = model.named_parameters();
+  CHECK(named.front().first == "wte.weight");
+  CHECK(named[1].first == "wpe.weight");
+  bool has_proj = false;
+  for (auto& [n, v] : named) has_proj = has_proj || n == "h.1.attn.c_proj.weight";
+  CHECK(has_proj);
+  for (auto& [n, v] : named) CHECK(n.find("lm_head") == std::string::npos);  // tied
+  const Tensor x = token_ids({1, 2, 3}, 1, 3);
+  model.eval();
+  const auto a = model.forward(x).value().to_vector(), b = model.forward(x).value().to_vector();
+  CHECK(a == b);
+  CHECK_THROWS_WITH_AS(model.forward(token_ids({1, 2, 3, 4, 5, 6, 7}, 1, 7)),
+                       doctest::Contains("[gpt] sequence length 7 must be in [1, context=6]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(model.forward(token_ids({1, 11}, 1, 2)),
+                       doctest::Contains("ids[1]=11 is out of range [0, 11)"), Error);
+  GptConfig bad = tiny_gpt(FfnKind::gelu, 0.0f);
+  bad.heads = 3;
+  CHECK_THROWS_WITH_AS(GPT(bad, std::make_shared<Generator>(1), init),
+                       doctest::Contains("d_model=4 is not divisible by heads=3"), Error);
+}
+
+FFN_GPU_TEST("GPT on the GPU (f32) matches the CPU: loss and every gradient") {
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
+  for (float p : {0.0f, 0.1f}) {
+    Generator i1(3), i2(3);
+    GPT cpu(tiny_gpt(FfnKind::geglu, p, DType::f32), std::make_shared<Generator>(9), i1);
+    GPT gpu(tiny_gpt(FfnKind::geglu, p, DType::f32, Device::cuda(0)),
+            std::make_shared<Generator>(9), i2);
+    // Same initial weights (device-side randn may differ in the last bit).
+    auto cp = cpu.parameters(), gp = gpu.parameters();
+    for (size_t i = 0; i < cp.size(); ++i) gp[i].mutable_value().copy_(cp[i].value());
+    Var lc = cpu.loss(x, y), lg = gpu.loss(x.to(Device::cuda(0)), y.to(Device::cuda(0)));
+    lc.backward();
+    lg.backward();
+    CHECK(lg.value().item() == doctest::Approx(lc.value().item()).epsilon(1e-5));
+    for (size_t i = 0; i < cp.size(); ++i)
+      ffn::test::check_close(gp[i].grad().to(Device::cpu()), cp[i].grad(), 1e-5, 1e-3,
+                             "grad of parameter " + std::to_string(i));
+  }
 }
