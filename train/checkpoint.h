@@ -1,0 +1,73 @@
+// train/checkpoint.h — safetensors files and resumable checkpoints.
+//
+// Note [Checkpoint layout]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// <run>/ckpt-<iter>/ holds
+//   model.safetensors   the parameters in their training dtype (PyTorch's
+//                       safetensors.torch.load_file reads it)
+//   optim.safetensors   AdamW's exp_avg / exp_avg_sq (and fp32 masters of 16-bit params)
+//   config.toml         the resolved config of the run
+//   state.toml          format version, iteration, RNG (seed, offset), data cursor,
+//                       optimizer counters, loss scale, best val loss, vocabulary, and the
+//                       CRC-32 and size of both safetensors files
+// Each safetensors header also carries a CRC-32 per tensor ("crc32:<name>" metadata).
+// A save writes everything into ckpt-<iter>.tmp/, fsyncs each file and the directory,
+// renames it to ckpt-<iter>, then atomically replaces <run>/latest (a one-line file
+// naming the directory). A kill at any point leaves the previous checkpoint and
+// `latest` intact. Loading verifies sizes, CRCs, names, shapes and dtypes and refuses
+// anything else with a message naming the file and what is wrong.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/tensor.h"
+
+namespace ffn::train {
+
+constexpr int kCheckpointVersion = 1;
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// The value tensors of named parameters (they share storage with the Vars).
+NamedTensors values_of(const std::vector<std::pair<std::string, Var>>& vars);
+
+uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
+
+// Writes host copies of `tensors` (any device) to `path` (fsynced; not renamed).
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Reads a safetensors file into host tensors, checking the layout and any per-tensor
+// CRC-32 recorded in the metadata.
+NamedTensors load_safetensors(const std::string& path,
+                              std::map<std::string, std::string>* metadata = nullptr);
+
+struct TrainState {
+  int64_t iter = 0;  // iterations completed
+  uint64_t rng_seed = 0, rng_offset = 0;
+  uint64_t data_cursor = 0;  // train batches drawn
+  std::vector<int64_t> optim_counters;
+  std::vector<double> loss_scaler;
+  double best_val = 0;  // NaN-free: +inf when no eval yet
+  int64_t world = 1;
+  std::vector<uint8_t> vocab;  // character vocabulary (empty for token data)
+};
+
+// Saves a checkpoint for state.iter (Note [Checkpoint layout]) and prunes all but the
+// newest `keep`. Returns the checkpoint directory.
+std::string save_checkpoint(const std::string& run_dir, const TrainState& state,
+                            const NamedTensors& model, const NamedTensors& optim,
+                            const std::string& config_toml, int64_t keep);
+
+// `path` is a run directory (its `latest` is used) or a ckpt-* directory.
+std::string resolve_checkpoint(const std::string& path);
+TrainState read_train_state(const std::string& ckpt_dir);
+// Copies the stored tensors into `into` (same names, shapes; dtypes converted only from
+// the stored dtype when allow_cast). Missing, extra or mismatched tensors are errors.
+void load_tensors_into(const std::string& file, const NamedTensors& into, bool allow_cast = false);
+
+}  // namespace ffn::train

@@ -1,0 +1,294 @@
+// train/config.cpp — TOML (toml++) → Config with key-path errors, overrides, and dump.
+#include "train/config.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <functional>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace ffn::train {
+
+namespace {
+
+[[noreturn]] void config_error(const std::string& msg) {
+  throw Error("[config] " + msg, ErrorKind::config);
+}
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  if (n.is_string())
+    os << '"' << *n.value<std::string>() << '"';
+  else if (n.is_table())
+    os << "a table";
+  else if (n.is_array())
+    os << "an array";
+  else
+    n.visit([&](auto&& v) { os << v; });
+  return os.str();
+}
+
+enum class Kind { integer, number, string, boolean };
+
+struct Field {
+  std::string path;
+  Kind kind;
+  std::function<void(const toml::node&)> read;  // throws config errors naming `path`
+  std::function<std::string()> write;
+};
+
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string fmt_double(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  std::string s = os.str();
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+  return s;
+}
+
+Field int_field(const std::string& path, int64_t& ref, int64_t lo, const char* what) {
+  return {path, Kind::integer,
+          [&ref, path, lo, what](const toml::node& n) {
+            if (!n.is_integer())
+              config_error(path + ": expected an integer " + what + ", got " + describe(n));
+            const int64_t v = *n.value<int64_t>();
+            if (v < lo)
+              config_error(path + ": expected an integer " + what + ", got " + std::to_string(v));
+            ref = v;
+          },
+          [&ref]() { return std::to_string(ref); }};
+}
+
+Field num_field(const std::string& path, double& ref, std::function<bool(double)> ok,
+                const char* what) {
+  return {path, Kind::number,
+          [&ref, path, ok, what](const toml::node& n) {
+            if (!n.is_number())
+              config_error(path + ": expected a number " + what + ", got " + describe(n));
+            const double v = *n.value<double>();
+            if (!std::isfinite(v) || !ok(v))
+              config_error(path + ": expected a number " + what + ", got " + describe(n));
+            ref = v;
+          },
+          [&ref]() { return fmt_double(ref); }};
+}
+
+Field str_field(const std::string& path, std::string& ref, std::vector<std::string> choices) {
+  return {path, Kind::string,
+          [&ref, path, choices](const toml::node& n) {
+            std::string list;
+            for (const auto& c : choices) list += (list.empty() ? "" : ", ") + quote(c);
+            if (!n.is_string())
+              config_error(path + ": expected a string" +
+                           (choices.empty() ? "" : " (one of " + list + ")") + ", got " +
+                           describe(n));
+            const std::string v = *n.value<std::string>();
+            bool found = choices.empty();
+            for (const auto& c : choices) found = found || c == v;
+            if (!found) config_error(path + ": expected one of " + list + ", got " + quote(v));
+            ref = v;
+          },
+          [&ref]() { return quote(ref); }};
+}
+
+Field bool_field(const std::string& path, bool& ref) {
+  return {path, Kind::boolean,
+          [&ref, path](const toml::node& n) {
+            if (!n.is_boolean()) config_error(path + ": expected true or false, got " + describe(n));
+            ref = *n.value<bool>();
+          },
+          [&ref]() { return std::string(ref ? "true" : "false"); }};
+}
+
+std::vector<Field> fields(Config& c) {
+  auto pos = [](double v) { return v > 0; };
+  auto nonneg = [](double v) { return v >= 0; };
+  auto unit = [](double v) { return v >= 0 && v < 1; };
+  auto frac = [](double v) { return v > 0 && v < 1; };
+  return {
+      str_field("run.dir", c.run.dir, {}),
+      int_field("run.seed", c.run.seed, 0, ">= 0"),
+      int_field("run.log_every", c.run.log_every, 1, ">= 1"),
+      int_field("run.eval_every", c.run.eval_every, 1, ">= 1"),
+      int_field("run.eval_iters", c.run.eval_iters, 1, ">= 1"),
+      int_field("run.checkpoint_every", c.run.checkpoint_every, 0, ">= 0"),
+      int_field("run.keep_checkpoints", c.run.keep_checkpoints, 1, ">= 1"),
+      {"runtime.device", Kind::string,
+       [&c](const toml::node& n) {
+         if (!n.is_string())
+           config_error("runtime.device: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got " +
+                        describe(n));
+         const std::string v = *n.value<std::string>();
+         bool ok = v == "auto" || v == "cpu" || v == "cuda";
+         if (!ok && v.rfind("cuda:", 0) == 0 && v.size() > 5)
+           ok = v.find_first_not_of("0123456789", 5) == std::string::npos;
+         if (!ok)
+           config_error("runtime.device: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got " +
+                        quote(v));
+         c.runtime.device = v;
+       },
+       [&c]() { return quote(c.runtime.device); }},
+      str_field("runtime.precision", c.runtime.precision, {"auto", "bf16", "fp16", "fp32"}),
+      int_field("runtime.nproc", c.runtime.nproc, 1, ">= 1"),
+      bool_field("runtime.gemm_autotune", c.runtime.gemm_autotune),
+      str_field("data.kind", c.data.kind, {"synthetic", "text", "tokens"}),
+      str_field("data.path", c.data.path, {}),
+      str_field("data.val_path", c.data.val_path, {}),
+      num_field("data.val_fraction", c.data.val_fraction, frac, "in (0, 1)"),
+      int_field("model.vocab_size", c.model.vocab_size, 0, ">= 0 (0: from the data)"),
+      int_field("model.context", c.model.context, 1, ">= 1"),
+      int_field("model.layers", c.model.layers, 1, ">= 1"),
+      int_field("model.heads", c.model.heads, 1, ">= 1"),
+      int_field("model.d_model", c.model.d_model, 1, ">= 1"),
+      str_field("model.ffn", c.model.ffn, {"gelu", "geglu", "swiglu"}),
+      num_field("model.ffn_mult", c.model.ffn_mult, pos, "> 0"),
+      num_field("model.dropout", c.model.dropout, unit, "in [0, 1)"),
+      bool_field("model.bias", c.model.bias),
+      int_field("train.batch_size", c.train.batch_size, 1, ">= 1"),
+      int_field("train.iters", c.train.iters, 1, ">= 1"),
+      num_field("train.lr", c.train.lr, pos, "> 0"),
+      num_field("train.min_lr", c.train.min_lr, nonneg, ">= 0"),
+      int_field("train.warmup", c.train.warmup, 0, ">= 0"),
+      int_field("train.decay_iters", c.train.decay_iters, 0, ">= 0 (0: iters)"),
+      str_field("train.schedule", c.train.schedule, {"constant", "linear", "cosine"}),
+      num_field("train.weight_decay", c.train.weight_decay, nonneg, ">= 0"),
+      bool_field("train.decay_matrices_only", c.train.decay_matrices_only),
+      num_field("train.beta1", c.train.beta1, unit, "in [0, 1)"),
+      num_field("train.beta2", c.train.beta2, unit, "in [0, 1)"),
+      num_field("train.eps", c.train.eps, pos, "> 0"),
+      num_field("train.grad_clip", c.train.grad_clip, nonneg, ">= 0 (0: off)"),
+      int_field("train.max_nonfinite", c.train.max_nonfinite, 1, ">= 1"),
+  };
+}
+
+// Checks that involve several keys.
+void cross_check(const Config& c) {
+  if (c.model.d_model % c.model.heads != 0)
+    config_error("model.heads: d_model=" + std::to_string(c.model.d_model) +
+                 " is not divisible by heads=" + std::to_string(c.model.heads));
+  if (c.train.batch_size % c.runtime.nproc != 0)
+    config_error("train.batch_size: the global batch " + std::to_string(c.train.batch_size) +
+                 " is not divisible by runtime.nproc=" + std::to_string(c.runtime.nproc));
+  if (c.train.min_lr > c.train.lr)
+    config_error("train.min_lr: " + fmt_double(c.train.min_lr) + " is above train.lr=" +
+                 fmt_double(c.train.lr));
+  if (c.data.kind != "synthetic" && c.data.path.empty())
+    config_error("data.path: data.kind=\"" + c.data.kind + "\" needs a path");
+  if (c.data.kind == "tokens" && c.model.vocab_size == 0)
+    config_error("model.vocab_size: token files need an explicit vocab size (e.g. 50257)");
+  if (c.runtime.device == "cpu" && (c.runtime.precision == "bf16" || c.runtime.precision == "fp16"))
+    config_error("runtime.precision: \"" + c.runtime.precision +
+                 "\" needs a GPU; the CPU path computes in fp32");
+}
+
+void apply(std::vector<Field>& fs, const toml::table& root, const std::string& origin) {
+  std::set<std::string> sections;
+  for (const Field& f : fs) sections.insert(f.path.substr(0, f.path.find('.')));
+  for (auto&& [skey, snode] : root) {
+    const std::string s(skey.str());
+    if (!sections.count(s)) {
+      std::string known;
+      for (const auto& k : sections) known += (known.empty() ? "" : ", ") + k;
+      config_error(s + ": unknown section in " + origin + " (known: " + known + ")");
+    }
+    const toml::table* t = snode.as_table();
+    if (!t) config_error(s + ": expected a table [" + s + "], got " + describe(snode));
+    for (auto&& [kkey, knode] : *t) {
+      const std::string path = s + "." + std::string(kkey.str());
+      Field* f = nullptr;
+      for (Field& x : fs)
+        if (x.path == path) f = &x;
+      if (!f) {
+        std::string known;
+        for (const Field& x : fs)
+          if (x.path.rfind(s + ".", 0) == 0)
+            known += (known.empty() ? "" : ", ") + x.path.substr(s.size() + 1);
+        config_error(path + ": unknown key in " + origin + " (known in [" + s + "]: " + known + ")");
+      }
+      f->read(knode);
+    }
+  }
+}
+
+}  // namespace
+
+Config Config::parse(const std::string& text, const std::string& origin,
+                     const std::vector<std::string>& overrides) {
+  Config c;
+  std::vector<Field> fs = fields(c);
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << origin << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+       << e.description();
+    config_error(os.str());
+  }
+  apply(fs, root, origin);
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      config_error("--set " + o + ": expected section.key=value");
+    const std::string path = o.substr(0, eq), value = o.substr(eq + 1);
+    Field* f = nullptr;
+    for (Field& x : fs)
+      if (x.path == path) f = &x;
+    if (!f) config_error(path + ": unknown key (from --set " + o + ")");
+    toml::table one;
+    if (f->kind == Kind::string && (value.empty() || value.front() != '"')) {
+      one.insert("v", value);
+    } else {
+      try {
+        one = toml::parse("v = " + value, "--set " + path);
+      } catch (const toml::parse_error&) {
+        one = toml::table{};
+        one.insert("v", value);  // not a TOML value: the wrong-type error below names it
+      }
+    }
+    f->read(*one.get("v"));
+  }
+  cross_check(c);
+  return c;
+}
+
+Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) config_error(path + ": cannot open the config file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse(ss.str(), path, overrides);
+}
+
+std::string Config::to_toml() const {
+  Config copy = *this;
+  std::vector<Field> fs = fields(copy);
+  std::ostringstream os;
+  os << "# fused-ffn resolved config: every key, defaults included.\n";
+  std::string section;
+  for (const Field& f : fs) {
+    const std::string s = f.path.substr(0, f.path.find('.'));
+    if (s != section) {
+      os << (section.empty() ? "" : "\n") << "[" << s << "]\n";
+      section = s;
+    }
+    os << f.path.substr(s.size() + 1) << " = " << f.write() << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace ffn::train

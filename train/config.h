@@ -1,0 +1,88 @@
+// train/config.h — the typed training configuration and its TOML front end.
+//
+// A config file has the sections of DESIGN.md ([run], [runtime], [data], [model], [train]).
+// Every key has a default here; a file only states what differs. Unknown sections or keys,
+// values of the wrong type and values out of range are errors of kind ErrorKind::config
+// whose message starts with the full key path, e.g.
+//   [config] train.lr: expected a number > 0, got -1
+// They are raised while parsing, before any device memory is touched (main maps them to
+// exit code 2). `--set section.key=value` overrides are applied on top of the file with the
+// same checks. to_toml() writes the resolved config (every key) into the run directory.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ffn::train {
+
+struct RunSection {
+  std::string dir = "runs/default";
+  int64_t seed = 1337;
+  int64_t log_every = 10;
+  int64_t eval_every = 250;
+  int64_t eval_iters = 200;
+  int64_t checkpoint_every = 0;  // 0: at every eval
+  int64_t keep_checkpoints = 2;
+};
+
+struct RuntimeSection {
+  std::string device = "auto";     // "auto" | "cpu" | "cuda" | "cuda:N"
+  std::string precision = "auto";  // "auto" (bf16 on GPU, fp32 on CPU) | "bf16" | "fp16" | "fp32"
+  int64_t nproc = 1;
+  bool gemm_autotune = false;  // time cuBLASLt candidates (faster; resume no longer bit-exact)
+};
+
+struct DataSection {
+  std::string kind = "synthetic";  // "synthetic" | "text" | "tokens"
+  std::string path;                // text file or uint16 .bin token file
+  std::string val_path;            // tokens only: separate validation .bin (else split)
+  double val_fraction = 0.1;
+};
+
+struct ModelSection {
+  int64_t vocab_size = 0;  // 0: from the data (text/synthetic); required for tokens
+  int64_t context = 64;
+  int64_t layers = 2;
+  int64_t heads = 2;
+  int64_t d_model = 64;
+  std::string ffn = "gelu";  // "gelu" | "geglu" | "swiglu"
+  double ffn_mult = 4.0;
+  double dropout = 0.0;
+  bool bias = true;
+};
+
+struct TrainSection {
+  int64_t batch_size = 16;  // global batch (sequences per step, over all GPUs)
+  int64_t iters = 300;
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup = 20;
+  int64_t decay_iters = 0;  // 0: iters
+  std::string schedule = "cosine";  // "constant" | "linear" | "cosine"
+  double weight_decay = 0.1;
+  bool decay_matrices_only = true;
+  double beta1 = 0.9;
+  double beta2 = 0.99;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0: off
+  int64_t max_nonfinite = 20;
+};
+
+struct Config {
+  RunSection run;
+  RuntimeSection runtime;
+  DataSection data;
+  ModelSection model;
+  TrainSection train;
+
+  // Parses TOML text (`origin` names it in errors), then applies "section.key=value"
+  // overrides. Throws Error(kind = config) naming the key on any problem.
+  static Config parse(const std::string& toml_text, const std::string& origin,
+                      const std::vector<std::string>& overrides = {});
+  static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
+  // Every key, resolved, as TOML (parse(to_toml()) gives back the same config).
+  std::string to_toml() const;
+};
+
+}  // namespace ffn::train

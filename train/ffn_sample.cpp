@@ -1,0 +1,115 @@
+// train/ffn_sample.cpp — `ffn-sample RUN_DIR --prompt TEXT --tokens N`: generate text from
+// a character-level run's latest checkpoint (or a given ckpt-* directory).
+//
+// Sampling: softmax(logits / temperature) restricted to the top-k tokens, drawn from a
+// seeded Philox stream, one token at a time over the last `context` tokens.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "core/error.h"
+#include "core/philox.h"
+#include "layers/transformer.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/data.h"
+
+using namespace ffn;
+namespace fs = std::filesystem;
+
+int main(int argc, char** argv) {
+  CLI::App app{"ffn-sample: generate text from a trained character-level fused-ffn run.",
+               "ffn-sample"};
+  std::string run, prompt = "\n", device = "auto";
+  int64_t tokens = 200, top_k = 0;
+  double temperature = 0.8;
+  uint64_t seed = 1;
+  app.add_option("run", run, "Run directory (uses its latest checkpoint) or a ckpt-* directory")
+      ->required();
+  app.add_option("--prompt", prompt, "Text to continue (default: a newline)");
+  app.add_option("--tokens", tokens, "How many tokens to generate")->check(CLI::PositiveNumber);
+  app.add_option("--temperature", temperature, "Softmax temperature (> 0)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--top-k", top_k, "Sample among the k most likely tokens only (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", seed, "Sampling seed");
+  app.add_option("--device", device, "auto | cpu | cuda[:N]");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    const std::string dir = train::resolve_checkpoint(run);
+    const train::TrainState st = train::read_train_state(dir);
+    const train::Config cfg = train::Config::load((fs::path(dir) / "config.toml").string());
+    if (st.vocab.empty())
+      throw Error("[ffn-sample] '" + dir + "' was trained on token files; sampling text needs a "
+                  "character-level run (data.kind = \"text\" or \"synthetic\")",
+                  ErrorKind::config);
+    Device dev = device == "auto" ? (cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu())
+                                  : Device::parse(device);
+    GptConfig g;
+    g.vocab_size = cfg.model.vocab_size ? cfg.model.vocab_size
+                                        : static_cast<int64_t>(st.vocab.size());
+    g.context = cfg.model.context;
+    g.layers = cfg.model.layers;
+    g.heads = cfg.model.heads;
+    g.d_model = cfg.model.d_model;
+    g.ffn = parse_ffn_kind(cfg.model.ffn);
+    g.ffn_mult = cfg.model.ffn_mult;
+    g.bias = cfg.model.bias;
+    g.place = ParamInit{dev.is_cuda() ? DType::bf16 : DType::f32, dev};
+    Generator init(0);
+    GPT model(g, std::make_shared<Generator>(0), init);
+    model.eval();
+    train::load_tensors_into((fs::path(dir) / "model.safetensors").string(),
+                             train::values_of(model.named_parameters()), /*allow_cast=*/true);
+    std::vector<int32_t> ids = train::encode_chars(st.vocab, prompt);
+    FFN_CHECK(!ids.empty(), "[ffn-sample] the prompt is empty");
+    std::fputs(prompt.c_str(), stdout);
+    NoGradGuard ng;
+    for (int64_t n = 0; n < tokens; ++n) {
+      const int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), g.context);
+      std::vector<double> window(ids.end() - t, ids.end());
+      const Tensor x = Tensor::from_vector(window, {1, t}, DType::i32, dev);
+      const Var h = model.hidden(x);
+      const Tensor last = h.value().reshape({t, g.d_model}).narrow(0, t - 1, 1);
+      const Var logits = fn::linear(Var(last), model.token_embedding(), Var());
+      std::vector<double> l = logits.value().to_vector();
+      std::vector<double> sorted = l;
+      std::sort(sorted.rbegin(), sorted.rend());
+      const double cut = top_k > 0 && top_k < static_cast<int64_t>(l.size()) ? sorted[top_k - 1]
+                                                                              : -INFINITY;
+      double mx = sorted[0], sum = 0;
+      for (double& v : l) sum += (v = v >= cut ? std::exp((v - mx) / temperature) : 0.0);
+      const U32x4 r = philox_block(seed, 1, static_cast<uint64_t>(n));
+      double u = (static_cast<double>(r.v[0]) + 0.5) / 4294967296.0 * sum;
+      int32_t next = 0;
+      for (size_t j = 0; j < l.size(); ++j) {
+        u -= l[j];
+        if (u <= 0 && l[j] > 0) {
+          next = static_cast<int32_t>(j);
+          break;
+        }
+        if (l[j] > 0) next = static_cast<int32_t>(j);
+      }
+      ids.push_back(next);
+      std::fputs(train::decode_chars(st.vocab, {next}).c_str(), stdout);
+      std::fflush(stdout);
+    }
+    std::fputs("\n", stdout);
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "\nffn-sample: error: %s\n", e.what());
+    return e.kind() == ErrorKind::config ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\nffn-sample: error: %s\n", e.what());
+    return 1;
+  }
+}

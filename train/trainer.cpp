@@ -1,0 +1,367 @@
+// train/trainer.cpp — the training loop (train/trainer.h).
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/generator.h"
+#include "kernels/gemm.h"
+#include "layers/transformer.h"
+#include "optim/adamw.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/json.h"
+#include "train/metrics.h"
+
+#if FFN_WITH_CUDA
+#include "core/cuda/context.h"
+#endif
+
+namespace fs = std::filesystem;
+
+namespace ffn::train {
+
+namespace {
+
+[[noreturn]] void config_error(const std::string& msg) {
+  throw Error("[config] " + msg, ErrorKind::config);
+}
+
+Device pick_device(const std::string& want) {
+  if (want == "cpu") return Device::cpu();
+  if (want == "auto") return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
+  const Device d = Device::parse(want);
+  if (cuda_device_count() <= d.index)
+    config_error("runtime.device: \"" + want + "\" requested but " +
+                 (cuda_device_count() == 0 ? cuda_unavailable_reason()
+                                           : "only " + std::to_string(cuda_device_count()) +
+                                                 " GPU(s) are visible"));
+  return d;
+}
+
+DType pick_dtype(const std::string& precision, Device dev) {
+  if (precision == "auto") return dev.is_cuda() ? DType::bf16 : DType::f32;
+  if (precision == "fp32") return DType::f32;
+  if (dev.is_cpu())
+    config_error("runtime.precision: \"" + precision + "\" needs a GPU; the CPU computes in fp32");
+  return precision == "bf16" ? DType::bf16 : DType::f16;
+}
+
+std::string device_label(Device dev) {
+#if FFN_WITH_CUDA
+  if (dev.is_cuda()) return std::string(cuda::properties(dev.index).name) + " (" + dev.str() + ")";
+#endif
+  return "CPU (" + std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))) + " cores)";
+}
+
+GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
+  GptConfig g;
+  g.vocab_size = vocab;
+  g.context = c.model.context;
+  g.layers = c.model.layers;
+  g.heads = c.model.heads;
+  g.d_model = c.model.d_model;
+  g.ffn = parse_ffn_kind(c.model.ffn);
+  g.ffn_mult = c.model.ffn_mult;
+  g.dropout = static_cast<float>(c.model.dropout);
+  g.bias = c.model.bias;
+  g.place = ParamInit{dt, dev};
+  return g;
+}
+
+// Mean loss over `iters` fixed batches of a split (eval mode, no graph).
+double estimate_loss(GPT& model, const std::vector<int32_t>& tokens, const Config& c,
+                     uint64_t seed, Device dev) {
+  NoGradGuard ng;
+  model.eval();
+  double sum = 0;
+  for (int64_t i = 0; i < c.run.eval_iters; ++i) {
+    const Batch b = sample_batch(tokens, c.train.batch_size, c.model.context, seed,
+                                 static_cast<uint64_t>(i));
+    sum += model.loss(b.x.to(dev), b.y.to(dev)).value().item();
+  }
+  model.train();
+  return sum / static_cast<double>(c.run.eval_iters);
+}
+
+bool has_checkpoints(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "latest");
+}
+
+}  // namespace
+
+TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  const bool tty = !opt.quiet && isatty(fileno(stdout));
+  // Everything that can be a config error is decided before device memory is touched.
+  if (cfg.runtime.nproc != 1)
+    config_error("runtime.nproc: " + std::to_string(cfg.runtime.nproc) +
+                 " processes requested; this build's trainer runs one process (multi-GPU data "
+                 "parallel is not landed yet)");
+  const Device dev = pick_device(cfg.runtime.device);
+  const DType dt = pick_dtype(cfg.runtime.precision, dev);
+  // Timed GEMM autotuning may pick different algorithms in another process, which would
+  // break bit-exact resume; it is opt-in for training runs.
+  set_gemm_autotune(cfg.runtime.gemm_autotune);
+  const std::string run_dir = cfg.run.dir;
+  std::string resume_dir;
+  if (!opt.resume.empty()) resume_dir = resolve_checkpoint(opt.resume);
+  if (resume_dir.empty() && has_checkpoints(run_dir) && !opt.overwrite)
+    config_error("run.dir: '" + run_dir + "' already holds checkpoints; continue it with --resume " +
+                 run_dir + ", or start over with --overwrite, or pick another --set run.dir=...");
+  Dataset data = load_dataset(cfg.data, cfg.model.context);
+  int64_t vocab = cfg.model.vocab_size ? cfg.model.vocab_size : data.vocab_size;
+  if (vocab < data.vocab_size)
+    config_error("model.vocab_size: " + std::to_string(vocab) + " is smaller than the data's " +
+                 std::to_string(data.vocab_size) + " distinct tokens");
+  TrainState state;
+  if (!resume_dir.empty()) {
+    state = read_train_state(resume_dir);
+    const Config saved = Config::load((fs::path(resume_dir) / "config.toml").string());
+    if (saved.model.layers != cfg.model.layers || saved.model.d_model != cfg.model.d_model ||
+        saved.model.heads != cfg.model.heads || saved.model.context != cfg.model.context ||
+        saved.model.ffn != cfg.model.ffn || saved.model.ffn_mult != cfg.model.ffn_mult ||
+        saved.model.bias != cfg.model.bias)
+      config_error("model: the checkpoint in '" + resume_dir +
+                   "' was trained with a different model shape; resume with its config (" +
+                   resume_dir + "/config.toml)");
+    if (state.world != 1)
+      config_error("runtime.nproc: the checkpoint was written by " + std::to_string(state.world) +
+                   " processes; resume with the same world size");
+    if (!data.chars.empty() && state.vocab != data.chars)
+      config_error("data: the text's vocabulary differs from the checkpoint's");
+  }
+  if (opt.overwrite && resume_dir.empty() && fs::exists(run_dir)) {
+    for (const auto& e : fs::directory_iterator(run_dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("ckpt-", 0) == 0 || n == "latest" || n == "metrics.jsonl" || n == "loss.svg")
+        fs::remove_all(e.path());
+    }
+  }
+  fs::create_directories(run_dir);
+  {
+    std::ofstream(fs::path(run_dir) / "config.toml") << cfg.to_toml();
+  }
+
+  // Model, optimizer and RNG.
+  Generator init(static_cast<uint64_t>(cfg.run.seed));
+  auto rng = std::make_shared<Generator>(static_cast<uint64_t>(cfg.run.seed) + 1);
+  GPT model(gpt_config(cfg, vocab, dev, dt), rng, init);
+  AdamWOptions ao;
+  ao.hyper = AdamWHyper{cfg.train.lr, cfg.train.beta1, cfg.train.beta2, cfg.train.eps,
+                        cfg.train.weight_decay};
+  ao.decay_matrices_only = cfg.train.decay_matrices_only;
+  ao.grad_clip = cfg.train.grad_clip;
+  ao.max_nonfinite_in_row = static_cast<int>(cfg.train.max_nonfinite);
+  const auto params = model.named_parameters();
+  AdamW optim(params, ao);
+  LossScaler scaler(dt == DType::f16);
+  uint64_t cursor = 0;
+  int64_t start_iter = 0;
+  double best_val = INFINITY;
+  if (!resume_dir.empty()) {
+    load_tensors_into((fs::path(resume_dir) / "model.safetensors").string(), values_of(params));
+    load_tensors_into((fs::path(resume_dir) / "optim.safetensors").string(), optim.state());
+    optim.set_counters(state.optim_counters);
+    if (scaler.enabled()) scaler.set_state(state.loss_scaler);
+    rng->set_offset(state.rng_offset);
+    cursor = state.data_cursor;
+    start_iter = state.iter;
+    best_val = state.best_val;
+  }
+  const uint64_t data_seed = static_cast<uint64_t>(cfg.run.seed) * 7919 + 17;
+  const uint64_t eval_seed = data_seed ^ 0x5eedull;
+  const int64_t iters = cfg.train.iters;
+  const int64_t decay_iters = cfg.train.decay_iters ? cfg.train.decay_iters : iters;
+  const LrSchedule sched = parse_schedule(cfg.train.schedule);
+  const int64_t tokens_per_iter = cfg.train.batch_size * cfg.model.context;
+  const double flops_per_iter = model.flops_per_token(cfg.model.context) * tokens_per_iter;
+  const double peak = dev.is_cuda() ? peak_flops(device_label(dev), is_half(dt)) : 0.0;
+
+  if (!opt.quiet) {
+    std::printf("fused-ffn train: %s | %s | %s\n", device_label(dev).c_str(), dtype_name(dt),
+                data.describe.c_str());
+    std::printf("model: GPT %lld layers, %lld heads, d_model %lld, context %lld, ffn %s, %.2fM "
+                "params | batch %lld (%s tokens/iter) | run dir %s\n",
+                static_cast<long long>(cfg.model.layers), static_cast<long long>(cfg.model.heads),
+                static_cast<long long>(cfg.model.d_model),
+                static_cast<long long>(cfg.model.context), cfg.model.ffn.c_str(),
+                static_cast<double>(model.num_parameters()) / 1e6,
+                static_cast<long long>(cfg.train.batch_size),
+                format_count(static_cast<double>(tokens_per_iter)).c_str(), run_dir.c_str());
+    if (!resume_dir.empty())
+      std::printf("resumed from %s at iter %lld\n", resume_dir.c_str(),
+                  static_cast<long long>(start_iter));
+    std::fflush(stdout);
+  }
+
+  // Curves for the picture: on resume, keep (and reread) what earlier processes logged up
+  // to the checkpoint; later lines came from iterations that are about to be redone.
+  Curve train_curve{"train", "#1f77b4", {}}, val_curve{"val", "#d62728", {}};
+  const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
+  if (!resume_dir.empty() && fs::exists(metrics_path)) {
+    std::ifstream in(metrics_path);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      json::Value v;
+      try {
+        v = json::parse(line, metrics_path);
+      } catch (const Error&) {
+        continue;  // a line cut short by a crash
+      }
+      const json::Value* iter = v.find("iter");
+      if (!iter || iter->integer > start_iter) continue;
+      kept += line + "\n";
+      const double x = static_cast<double>(iter->integer);
+      if (const json::Value* t = v.find("train_loss")) train_curve.points.emplace_back(x, t->num);
+      if (const json::Value* t = v.find("val_loss")) val_curve.points.emplace_back(x, t->num);
+    }
+    in.close();
+    std::ofstream(metrics_path, std::ios::trunc) << kept;
+  }
+  MetricsLog metrics(metrics_path);
+  TrainResult res;
+  res.run_dir = run_dir;
+  res.last_val_loss = NAN;
+  res.first_val_loss = NAN;
+  std::vector<double> iter_ms;
+  double window_ms = 0, ema_ms = 0;
+  int64_t window_n = 0;
+  double eval_seconds = 0;
+  int64_t evals_done = 0;
+
+  auto checkpoint = [&](int64_t done) {
+    TrainState s;
+    s.iter = done;
+    s.rng_seed = rng->seed();
+    s.rng_offset = rng->offset();
+    s.data_cursor = cursor;
+    s.optim_counters = optim.counters();
+    s.loss_scaler = scaler.state();
+    s.best_val = best_val;
+    s.world = 1;
+    s.vocab = data.chars;
+    return save_checkpoint(run_dir, s, values_of(params), optim.state(), cfg.to_toml(),
+                           cfg.run.keep_checkpoints);
+  };
+  auto evaluate = [&](int64_t done) {
+    const auto t0 = clock::now();
+    const double val = estimate_loss(model, data.val, cfg, eval_seed, dev);
+    const double tr = estimate_loss(model, data.train, cfg, eval_seed + 1, dev);
+    eval_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+    ++evals_done;
+    best_val = std::min(best_val, val);
+    if (std::isnan(res.first_val_loss)) res.first_val_loss = val;
+    res.last_val_loss = val;
+    metrics.write({{"iter", std::to_string(done)},
+                   {"val_loss", json_number(val)},
+                   {"train_eval_loss", json_number(tr)},
+                   {"best_val_loss", json_number(best_val)}});
+    val_curve.points.emplace_back(static_cast<double>(done), val);
+    write_loss_svg((fs::path(run_dir) / "loss.svg").string(), {train_curve, val_curve},
+                   "fused-ffn: " + run_dir);
+    if (!opt.quiet) {
+      std::printf("%seval @ iter %lld: val loss %.4f, train loss %.4f (best val %.4f)\n",
+                  tty ? "\r\033[K" : "", static_cast<long long>(done), val, tr, best_val);
+      std::fflush(stdout);
+    }
+  };
+
+  const int64_t end_iter =
+      opt.stop_after > 0 ? std::min(iters, start_iter + opt.stop_after) : iters;
+  if (start_iter == 0) evaluate(0);
+  double last_loss = NAN;
+  for (int64_t it = start_iter; it < end_iter; ++it) {
+    const auto t0 = clock::now();
+    const double lr = lr_at(sched, it, cfg.train.lr, cfg.train.min_lr, cfg.train.warmup, decay_iters);
+    const Batch b = sample_batch(data.train, cfg.train.batch_size, cfg.model.context, data_seed,
+                                 cursor++);
+    Var loss = model.loss(b.x.to(dev), b.y.to(dev));
+    if (scaler.enabled())
+      loss.backward(Tensor::full({}, scaler.scale(), loss.value().dtype(), dev));
+    else
+      loss.backward();
+    const double lv = loss.value().item();
+    loss = Var();
+    const StepReport rep = optim.step(lr, lv, scaler.scale());
+    scaler.update(rep.skipped);
+    optim.zero_grad();
+    last_loss = lv;
+    const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    iter_ms.push_back(ms);
+    window_ms += ms;
+    ++window_n;
+    ema_ms = ema_ms == 0 ? ms : 0.9 * ema_ms + 0.1 * ms;
+    const int64_t done = it + 1;
+    if (done % cfg.run.log_every == 0 || done == end_iter || rep.skipped) {
+      const double avg = window_ms / static_cast<double>(window_n);
+      const double tps = static_cast<double>(tokens_per_iter) / (avg / 1e3);
+      const double mfu = peak > 0 ? flops_per_iter / (avg / 1e3) / peak : NAN;
+      window_ms = 0, window_n = 0;
+      train_curve.points.emplace_back(static_cast<double>(done), lv);
+      metrics.write({{"iter", std::to_string(done)},
+                     {"train_loss", json_number(lv)},
+                     {"lr", json_number(lr)},
+                     {"grad_norm", json_number(rep.grad_norm)},
+                     {"ms_per_iter", json_number(avg)},
+                     {"tokens_per_s", json_number(tps)},
+                     {"mfu", json_number(mfu)},
+                     {"skipped_steps", std::to_string(optim.skipped())}});
+      if (!opt.quiet) {
+        const int64_t left = end_iter - done;
+        const double evals_left = static_cast<double>(left / cfg.run.eval_every + 1);
+        const double per_eval = evals_done ? eval_seconds / static_cast<double>(evals_done) : 0.0;
+        const double eta = static_cast<double>(left) * ema_ms / 1e3 + evals_left * per_eval;
+        char mfu_s[32] = "";
+        if (peak > 0) std::snprintf(mfu_s, sizeof(mfu_s), " | MFU %4.1f%%", 100 * mfu);
+        std::printf("%siter %lld/%lld | loss %.4f | lr %.2e | %s tok/s | %.1f ms/iter%s | ETA %s%s",
+                    tty ? "\r\033[K" : "", static_cast<long long>(done),
+                    static_cast<long long>(iters), lv, lr, format_count(tps).c_str(), avg, mfu_s,
+                    format_duration(eta).c_str(), rep.skipped ? " | step skipped (non-finite)" : "");
+        std::printf(tty ? "" : "\n");
+        std::fflush(stdout);
+      }
+    }
+    const bool eval_now = done % cfg.run.eval_every == 0 || done == iters;
+    if (eval_now) evaluate(done);
+    const bool ckpt_now = cfg.run.checkpoint_every > 0 ? done % cfg.run.checkpoint_every == 0
+                                                       : eval_now;
+    if (ckpt_now || done == end_iter) {
+      const std::string dir = checkpoint(done);
+      if (!opt.quiet && done == end_iter) {
+        std::printf("%scheckpoint: %s\n", tty ? "\r\033[K" : "", dir.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (tty) std::printf("\n");
+  res.iters_done = end_iter;
+  res.last_train_loss = last_loss;
+  res.best_val_loss = best_val;
+  res.skipped_steps = optim.skipped();
+  if (!iter_ms.empty()) {
+    std::vector<double> s = iter_ms;
+    std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2), s.end());
+    res.ms_per_iter = s[s.size() / 2];
+    res.tokens_per_s = static_cast<double>(tokens_per_iter) / (res.ms_per_iter / 1e3);
+  }
+  if (!opt.quiet) {
+    std::printf("done: %lld iters in %s | best val loss %.4f | median %.1f ms/iter (%s tok/s) | "
+                "%lld skipped steps | curve: %s/loss.svg\n",
+                static_cast<long long>(end_iter),
+                format_duration(std::chrono::duration<double>(clock::now() - t_start).count()).c_str(),
+                best_val, res.ms_per_iter, format_count(res.tokens_per_s).c_str(),
+                static_cast<long long>(res.skipped_steps), run_dir.c_str());
+  }
+  return res;
+}
+
+}  // namespace ffn::train

@@ -1,0 +1,39 @@
+// train/trainer.h — the config-driven training loop behind `ffn-train`.
+//
+// One call trains a GPT from a Config: loads the data, builds the model and AdamW on the
+// chosen device, trains with the LR schedule, evaluates every run.eval_every iterations
+// on fixed val (and train) batches, logs progress with ETA, appends metrics.jsonl,
+// redraws loss.svg and checkpoints (Note [Checkpoint layout]). Resuming restores the
+// weights, optimizer state, RNG offset and data cursor, so N steps + resume + N steps
+// equals 2N steps bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "train/config.h"
+
+namespace ffn::train {
+
+struct TrainOptions {
+  std::string resume;      // run or checkpoint directory to continue from ("" = fresh)
+  bool overwrite = false;  // allow starting fresh in a run dir that holds checkpoints
+  int64_t stop_after = 0;  // > 0: run at most this many iterations, checkpoint and return
+  bool quiet = false;      // no progress display (metrics are still written)
+};
+
+struct TrainResult {
+  std::string run_dir;
+  int64_t iters_done = 0;     // iterations completed in total (resumed ones included)
+  double last_train_loss = 0;
+  double last_val_loss = 0;   // NaN if never evaluated
+  double best_val_loss = 0;   // +inf if never evaluated
+  double first_val_loss = 0;  // at the first eval of this process
+  double ms_per_iter = 0;     // median over this process's iterations
+  double tokens_per_s = 0;
+  int64_t skipped_steps = 0;
+};
+
+TrainResult run_training(const Config& cfg, const TrainOptions& opt);
+
+}  // namespace ffn::train
