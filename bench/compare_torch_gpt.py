@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""bench/compare_torch_gpt.py — ffn-train against PyTorch on the same GPU, in one run.
+
+The model and recipe are configs/shakespeare_char.toml's (nanoGPT's shakespeare_char):
+a 6-layer, 6-head, d=384, context-256 GPT without biases, tied embeddings, GELU MLP x4,
+dropout 0.2, AdamW (fused) with lr 1e-3 / warmup 100 / cosine, betas (0.9, 0.99), weight
+decay 0.1 on matrices, grad clip 1.0, batch 64, bf16 autocast. The PyTorch model is
+written here in nanoGPT's style (scaled_dot_product_attention with is_causal). It is timed
+in eager mode and under torch.compile; ffn-train is run on the same config in the same
+invocation.
+
+Timing: every iteration is one full training step (batch to device, forward, backward,
+clip, optimizer step) ending in a device sync (both sides read the loss every step);
+the figure is the median ms/iter after --warmup iterations. ffn-train's figure is the
+median of its per-iteration times in metrics.jsonl (log_every = 1) over the same window.
+
+--quality also trains PyTorch eager for the full 5000 iterations and reports its best
+val loss (eval every 250 iters on 200 batches, as the recipe says).
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(s, d, h, p):
+        super().__init__()
+        s.ln_1 = nn.LayerNorm(d, bias=False)
+        s.c_attn = nn.Linear(d, 3 * d, bias=False)
+        s.c_proj = nn.Linear(d, d, bias=False)
+        s.ln_2 = nn.LayerNorm(d, bias=False)
+        s.fc = nn.Linear(d, 4 * d, bias=False)
+        s.proj = nn.Linear(4 * d, d, bias=False)
+        s.h, s.p = h, p
+        s.drop = nn.Dropout(p)
+
+    def forward(s, x):
+        B, T, C = x.shape
+        q, k, v = s.c_attn(s.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, s.h, C // s.h).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=s.p if s.training else 0.0, is_causal=True)
+        x = x + s.drop(s.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        return x + s.drop(s.proj(F.gelu(s.fc(s.ln_2(x)))))
+
+
+class GPT(nn.Module):
+    def __init__(s, vocab, ctx, layers=6, heads=6, d=384, p=0.2):
+        super().__init__()
+        s.wte = nn.Embedding(vocab, d)
+        s.wpe = nn.Embedding(ctx, d)
+        s.drop = nn.Dropout(p)
+        s.h = nn.ModuleList(Block(d, heads, p) for _ in range(layers))
+        s.ln_f = nn.LayerNorm(d, bias=False)
+        for n, w in s.named_parameters():
+            if w.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if n.endswith(("c_proj.weight", "proj.weight")) else 0.02
+                nn.init.normal_(w, 0.0, std)
+
+    def forward(s, idx, targets):
+        T = idx.shape[1]
+        x = s.drop(s.wte(idx) + s.wpe(torch.arange(T, device=idx.device)))
+        for b in s.h:
+            x = b(x)
+        logits = F.linear(s.ln_f(x), s.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def load(path):
+    text = open(path, "rb").read()
+    chars = sorted(set(text))
+    lut = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([lut[c] for c in text], dtype=torch.long)
+    n = int(len(data) * 0.9)
+    return data[:n], data[n:], len(chars)
+
+
+def batch(data, B, T, gen, dev):
+    ix = torch.randint(len(data) - T, (B,), generator=gen)
+    x = torch.stack([data[i : i + T] for i in ix])
+    y = torch.stack([data[i + 1 : i + 1 + T] for i in ix])
+    return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+
+
+def lr_at(it, lr=1e-3, min_lr=1e-4, warmup=100, decay=5000):
+    if it < warmup:
+        return lr * (it + 1) / (warmup + 1)
+    if it > decay:
+        return min_lr
+    r = (it - warmup) / (decay - warmup)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * r)) * (lr - min_lr)
+
+
+def make(vocab, dev, compile_):
+    torch.manual_seed(1337)
+    m = GPT(vocab, 256).to(dev)
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    nodecay = [p for p in m.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99), fused=True)
+    return (torch.compile(m) if compile_ else m), m, opt
+
+
+def step(model, opt, train, gen, dev, it):
+    for g in opt.param_groups:
+        g["lr"] = lr_at(it)
+    x, y = batch(train, 64, 256, gen, dev)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def time_torch(train, vocab, dev, compile_, warmup, iters):
+    model, _, opt = make(vocab, dev, compile_)
+    gen = torch.Generator().manual_seed(1)
+    ms = []
+    for it in range(warmup + iters):
+        t0 = time.perf_counter()
+        step(model, opt, train, gen, dev, it)
+        torch.cuda.synchronize()
+        if it >= warmup:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+@torch.no_grad()
+def estimate(model, data, gen, dev):
+    model.eval()
+    out = []
+    for _ in range(200):
+        x, y = batch(data, 64, 256, gen, dev)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out.append(model(x, y).item())
+    model.train()
+    return sum(out) / len(out)
+
+
+def quality(train, val, vocab, dev, iters):
+    model, _, opt = make(vocab, dev, False)
+    gen, egen = torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+    best, curve, t0 = float("inf"), [], time.time()
+    for it in range(iters + 1):
+        if it % 250 == 0 or it == iters:
+            v = estimate(model, val, egen, dev)
+            best = min(best, v)
+            curve.append((it, v))
+            print(f"torch eager iter {it}: val {v:.4f} (best {best:.4f}, {time.time() - t0:.0f} s)", file=sys.stderr)
+        if it < iters:
+            step(model, opt, train, gen, dev, it)
+    return best, curve
+
+
+def time_ours(bin_, config, data, warmup, iters, run_dir):
+    args = [bin_, config, "--overwrite", "--quiet", "--set", f"run.dir={run_dir}", "--set", f"data.path={data}",
+            "--set", f"train.iters={warmup + iters}", "--set", "run.eval_every=100000",
+            "--set", "run.log_every=1", "--set", "run.eval_iters=1", "--set", "run.checkpoint_every=100000"]
+    subprocess.run(args, check=True)
+    ms = []
+    for line in open(os.path.join(run_dir, "metrics.jsonl")):
+        r = json.loads(line)
+        if "ms_per_iter" in r and r["iter"] > warmup:
+            ms.append(r["ms_per_iter"])
+    return statistics.median(ms)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ffn-train", required=True, help="path to the ffn-train binary")
+    ap.add_argument("--config", default="configs/shakespeare_char.toml")
+    ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--quality", type=int, default=0, help="also train torch eager this many iters (5000: the recipe)")
+    ap.add_argument("--json", help="write every number here")
+    ap.add_argument("--run-dir", default="runs/compare_torch_gpt")
+    a = ap.parse_args()
+    dev = "cuda"
+    train, val, vocab = load(a.data)
+    res = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
+           "torch": torch.__version__, "warmup": a.warmup, "iters": a.iters}
+    res["ours_ms"] = time_ours(a.ffn_train, a.config, a.data, a.warmup, a.iters, a.run_dir)
+    print(f"ours {res['ours_ms']:.2f} ms/iter", file=sys.stderr)
+    res["eager_ms"] = time_torch(train, vocab, dev, False, a.warmup, a.iters)
+    print(f"eager {res['eager_ms']:.2f} ms/iter", file=sys.stderr)
+    res["compile_ms"] = time_torch(train, vocab, dev, True, a.warmup, a.iters)
+    print(f"compile {res['compile_ms']:.2f} ms/iter", file=sys.stderr)
+    res["ours_over_eager"] = res["ours_ms"] / res["eager_ms"]
+    res["ours_over_compile"] = res["ours_ms"] / res["compile_ms"]
+    if a.quality:
+        res["torch_best_val"], res["torch_val_curve"] = quality(train, val, vocab, dev, a.quality)
+    print(f"| shakespeare_char step ({res['device']}, {res['date']}) | ms/iter | ours / it |")
+    print("|---|---:|---:|")
+    print(f"| fused-ffn (ffn-train) | {res['ours_ms']:.2f} | 1.00 |")
+    print(f"| PyTorch eager | {res['eager_ms']:.2f} | {res['ours_over_eager']:.3f} |")
+    print(f"| PyTorch torch.compile | {res['compile_ms']:.2f} | {res['ours_over_compile']:.3f} |")
+    if a.quality:
+        print(f"\nPyTorch eager best val loss over {a.quality} iters: {res['torch_best_val']:.4f}")
+    if a.json:
+        json.dump(res, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
