@@ -317,7 +317,9 @@ void Tensor::add_(const Tensor& other, double alpha) {
   check_defined(other, "add_", "other");
   FFN_CHECK(shape_ == other.shape_, "[add_] shape mismatch: self ", shape_str(shape_), " vs other ",
             shape_str(other.shape_));
-  check_same_dtype(*this, other, "add_", "self", "other");
+  FFN_CHECK(is_float(dtype_) && is_float(other.dtype_), "[add_] dtype ",
+            dtype_name(is_float(dtype_) ? other.dtype_ : dtype_),
+            " is not supported here (expected a float type)");
   check_same_device(*this, other, "add_", "self", "other");
   FFN_CHECK(is_contiguous(), "[add_] self must be contiguous, got strides ", shape_str(strides_));
   const Tensor src = other.contiguous();
@@ -328,9 +330,10 @@ void Tensor::add_(const Tensor& other, double alpha) {
     return;
 #endif
   }
+  const Tensor same = src.to(dtype_);  // other may be any float dtype
   FFN_DISPATCH_ALL(dtype_, "add_", [&]<class T>() {
     T* d = data<T>();
-    const T* s = src.data<T>();
+    const T* s = same.data<T>();
     const int64_t n = numel();
     for (int64_t i = 0; i < n; ++i)
       d[i] = detail::cast_value<T>(detail::cast_value<double>(d[i]) +

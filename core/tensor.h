@@ -86,7 +86,8 @@ class Tensor {
   void copy_(const Tensor& src);
   void fill_(double value);
   void zero_() { fill_(0.0); }
-  // *this += alpha * other (same shape and dtype; *this contiguous). Used by autograd's sums.
+  // *this += alpha * other (same shape; other may be another float dtype, converted on the
+  // fly; *this contiguous). Used by autograd's sums and mixed-precision residual adds.
   void add_(const Tensor& other, double alpha = 1.0);
 
   // Host-side readback for tests and logging (converts to double).

@@ -8,6 +8,10 @@
 // x, dy, y, dx: [M, C]; w, b, dw, db: [C] (b may be undefined: no bias); mean and rstd:
 // [M] in f32 (f64 for f64 inputs), written by the forward and read by the backward.
 // dw/db are reduced without atomics in a fixed order (Note [Deterministic column sums]).
+//
+// Mixed precision (GPU): x (and dx) may be in acc_dtype(w) while w, b, y, dy, dw, db are in
+// w's 16-bit dtype: the residual stream of a bf16 model stays fp32 (as under PyTorch's
+// autocast) and the normalized output feeds the bf16 GEMMs. Statistics follow acc_dtype(w).
 #pragma once
 
 #include "core/tensor.h"

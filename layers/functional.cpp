@@ -57,7 +57,20 @@ class AddNode final : public Node {
  public:
   const char* name() const override { return "add"; }
   std::vector<Tensor> backward(Tensor d_out) override {
-    return {d_out, d_out.clone()};  // Note [Gradient ownership]
+    // Each input gets the gradient in its own dtype (mixed adds: fp32 stream + 16-bit branch).
+    const DType da = inputs[0].value().dtype(), db = inputs[1].value().dtype();
+    Tensor gb = db == d_out.dtype() ? d_out.clone() : d_out.to(db);  // Note [Gradient ownership]
+    Tensor ga = da == d_out.dtype() ? d_out : d_out.to(da);
+    return {ga, gb};
+  }
+  void release() override {}
+};
+
+class CastNode final : public Node {
+ public:
+  const char* name() const override { return "cast"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    return {d_out.to(inputs[0].value().dtype())};
   }
   void release() override {}
 };
@@ -199,11 +212,22 @@ Var dropout(const Var& x, const DropoutSpec& d) {
 Var add(const Var& a, const Var& b) {
   FFN_CHECK(a.shape() == b.shape(), "[add] a.shape=", shape_str(a.shape()),
             " != b.shape=", shape_str(b.shape()));
-  check_same_dtype(a.value(), b.value(), "add", "a", "b");
+  const DType da = a.value().dtype(), db = b.value().dtype();
+  FFN_CHECK(da == db || (is_half(db) && da == acc_dtype(db)) || (is_half(da) && db == acc_dtype(da)),
+            "[add] dtype mismatch: a is ", dtype_name(da), " but b is ", dtype_name(db),
+            " (only a 16-bit tensor may be added to an fp32 one)");
   check_same_device(a.value(), b.value(), "add", "a", "b");
-  Tensor y = a.value().clone();
-  y.add_(b.value());
+  const bool a_wide = da == db || !is_half(da);
+  const Tensor& wide = a_wide ? a.value() : b.value();
+  const Tensor& narrow = a_wide ? b.value() : a.value();
+  Tensor y = wide.clone();
+  y.add_(narrow);  // converts on the fly
   return make_output(y, std::make_shared<AddNode>(), {a, b});
+}
+
+Var cast(const Var& x, DType dtype) {
+  if (x.value().dtype() == dtype) return x;
+  return make_output(x.value().to(dtype), std::make_shared<CastNode>(), {x});
 }
 
 Var mse_loss(const Var& pred, const Tensor& target) {
@@ -222,13 +246,13 @@ Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2
   return make_output(y, std::make_shared<FfnNode>(cfg, d, std::move(f)), {x, w1, b1, w2, b2});
 }
 
-Var embedding(const Tensor& ids, const Var& table) {
+Var embedding(const Tensor& ids, const Var& table, bool check_ids) {
   const Tensor& t = table.value();
   check_dim(t, 2, "embedding", "table");
   check_defined(ids, "embedding", "ids");
   const Tensor flat = ids.contiguous().reshape({ids.numel()});
   Tensor out = Tensor::empty({flat.numel(), t.size(1)}, t.dtype(), t.device());
-  ffn::embedding(flat, t, out);
+  ffn::embedding(flat, t, out, check_ids);
   Shape shape = ids.shape();
   shape.push_back(t.size(1));
   return make_output(out.reshape(shape), std::make_shared<EmbeddingNode>(flat), {table});
@@ -239,7 +263,7 @@ Var layer_norm(const Var& x, const Var& w, const Var& b, double eps) {
   FFN_CHECK(xv.dim() >= 1, "[layer_norm] x must have at least one dimension");
   const Tensor x2 = xv.view_2d();
   const DType sd = acc_dtype(xv.dtype());
-  Tensor y = Tensor::empty(x2.shape(), xv.dtype(), xv.device());
+  Tensor y = Tensor::empty(x2.shape(), w.value().dtype(), xv.device());  // w's dtype (mixed)
   Tensor mean = Tensor::empty({x2.size(0)}, sd, xv.device());
   Tensor rstd = Tensor::empty({x2.size(0)}, sd, xv.device());
   ffn::layer_norm(x2, w.value(), value_or_empty(b), eps, y, mean, rstd);

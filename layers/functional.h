@@ -15,8 +15,11 @@ namespace ffn::fn {
 Var linear(const Var& x, const Var& w, const Var& b);
 // y = x ⊙ mask · 1/(1-p) (identity when d.p = 0).
 Var dropout(const Var& x, const DropoutSpec& d);
-// y = a + b (same shape).
+// y = a + b (same shape). One of them may be 16-bit when the other is fp32 (a mixed-precision
+// residual add); y then is fp32 and each input's gradient comes back in its own dtype.
 Var add(const Var& a, const Var& b);
+// x converted to `dtype` (identity when it already is); the gradient converts back.
+Var cast(const Var& x, DType dtype);
 // loss = mean((pred - target)²), shape []. target gets no gradient.
 Var mse_loss(const Var& pred, const Tensor& target);
 // The fused FFN block (layers/ffn_functional.h) as one node; x: [..., d].
@@ -24,8 +27,10 @@ Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2
         const FfnConfig& cfg, const FfnDropout& d);
 
 // out[..., :] = table[ids[...], :]; ids: i32 of any shape, table: [V, C] → [..., C].
-Var embedding(const Tensor& ids, const Var& table);
-// LayerNorm over the last dimension (kernels/layernorm.h); b may be an undefined Var.
+// check_ids: see kernels/embedding.h (false only for ids the caller built in range).
+Var embedding(const Tensor& ids, const Var& table, bool check_ids = true);
+// LayerNorm over the last dimension (kernels/layernorm.h); b may be an undefined Var. The
+// output has w's dtype (x may be the fp32 residual stream of a 16-bit model on the GPU).
 Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.

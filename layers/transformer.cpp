@@ -13,9 +13,9 @@ Embedding::Embedding(int64_t num, int64_t dim, double init_std, const ParamInit&
                           Tensor::randn({num, dim}, init, place.dtype, place.device, 0.0, init_std));
 }
 
-Var Embedding::forward(const Tensor& ids) {
+Var Embedding::forward(const Tensor& ids, bool check_ids) {
   check_same_device(ids, w_.value(), "embedding", "ids", "weight");
-  return fn::embedding(ids, w_);
+  return fn::embedding(ids, w_, check_ids);
 }
 
 LayerNorm::LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps)
@@ -28,7 +28,9 @@ LayerNorm::LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps)
 void LayerNorm::check_input(const Tensor& x) const {
   FFN_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "[layer_norm] x.shape[-1]=",
             x.dim() ? x.size(-1) : 0, " != dim=", dim_, " (x.shape=", shape_str(x.shape()), ")");
-  check_same_dtype(x, w_.value(), "layer_norm", "x", "weight");
+  const DType wd = w_.value().dtype();
+  if (!(is_half(wd) && x.dtype() == acc_dtype(wd)))  // the fp32 stream of a 16-bit model
+    check_same_dtype(x, w_.value(), "layer_norm", "x", "weight");
   check_same_device(x, w_.value(), "layer_norm", "x", "weight");
 }
 
@@ -127,6 +129,8 @@ void TransformerBlock::check_input(const Tensor& x) const {
 }
 
 Var TransformerBlock::forward_impl(const Var& x) {
+  // x is the residual stream (fp32 for 16-bit models); the branches compute in the
+  // parameters' dtype and their outputs are added in x's.
   const Var a = fn::add(x, attn_.forward(ln_1_.forward(x)));
   return fn::add(a, mlp_->forward(ln_2_.forward(a)));
 }
@@ -169,7 +173,12 @@ Var GPT::hidden(const Tensor& ids) {
   FFN_CHECK(ids.dim() == 2, "[gpt] ids must be [B, T], got ", ids.desc());
   FFN_CHECK(ids.size(1) >= 1 && ids.size(1) <= cfg_.context, "[gpt] sequence length ",
             ids.size(1), " must be in [1, context=", cfg_.context, "]");
-  Var x = fn::add(wte_.forward(ids), wpe_.forward(positions(ids.size(0), ids.size(1))));
+  // Note [Mixed-precision residual stream]: with 16-bit parameters the residual stream
+  // (embeddings, residual adds, LayerNorm inputs) is kept in fp32, as PyTorch's autocast
+  // does; only the branches (attention, FFN, the LM head) run in 16 bits.
+  const DType stream = cfg_.fp32_residual ? acc_dtype(cfg_.place.dtype) : cfg_.place.dtype;
+  Var x = fn::add(fn::cast(wte_.forward(ids), stream),
+                  wpe_.forward(positions(ids.size(0), ids.size(1)), /*check_ids=*/false));
   x = drop_.forward(x);
   for (auto& block : h_) x = block->forward(x);
   return ln_f_.forward(x);

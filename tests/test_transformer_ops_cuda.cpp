@@ -256,3 +256,45 @@ FFN_GPU_TEST("multi-tensor AdamW and grad norm on the GPU match the CPU") {
     CHECK(global_grad_norm(ggrads) == gn);  // bitwise reproducible
   }
 }
+
+FFN_GPU_TEST("mixed-precision LayerNorm (fp32 x, bf16 w/y) and residual add on the GPU") {
+  Generator g(37);
+  for (int64_t c : {7, 384})
+    for (int64_t m : {5, 130}) {
+      const Tensor x = rand64({m, c}, g, 3.0);  // fp32 stream: rounded to f32 only
+      const Tensor w = rand64({c}, g).to(DType::bf16).to(DType::f64);
+      const Tensor b = rand64({c}, g).to(DType::bf16).to(DType::f64);
+      const Tensor dy = rand64({m, c}, g).to(DType::bf16).to(DType::f64);
+      const Tensor x32 = x.to(DType::f32).to(DType::f64);
+      Tensor y = Tensor::empty({m, c}, DType::bf16, kGpu), mu = Tensor::empty({m}, DType::f32, kGpu),
+             rs = Tensor::empty({m}, DType::f32, kGpu);
+      layer_norm(x.to(DType::f32).to(kGpu), w.to(DType::bf16).to(kGpu), b.to(DType::bf16).to(kGpu),
+                 1e-5, y, mu, rs);
+      Tensor dx = Tensor::empty({m, c}, DType::f32, kGpu), dw = Tensor::empty({c}, DType::bf16, kGpu),
+             db = Tensor::empty({c}, DType::bf16, kGpu);
+      layer_norm_backward(dy.to(DType::bf16).to(kGpu), x.to(DType::f32).to(kGpu),
+                          w.to(DType::bf16).to(kGpu), mu, rs, &dx, &dw, &db);
+      auto ref = [&](DType t) {
+        const DType sd = acc_dtype(t);
+        Tensor ry = Tensor::empty({m, c}, t), rm = Tensor::empty({m}, sd), rr = Tensor::empty({m}, sd);
+        layer_norm(x32.to(t), w.to(t), b.to(t), 1e-5, ry, rm, rr);
+        Tensor rdx = Tensor::empty({m, c}, t), rdw = Tensor::empty({c}, t), rdb = Tensor::empty({c}, t);
+        layer_norm_backward(dy.to(t), x32.to(t), w.to(t), rm, rr, &rdx, &rdw, &rdb);
+        return std::vector<Tensor>{ry, rdx, rdw, rdb};
+      };
+      const auto r64 = ref(DType::f64), r32 = ref(DType::f32);
+      const std::string tag = " " + std::to_string(m) + "x" + std::to_string(c);
+      compare(y, r64[0], r32[0], DType::bf16, static_cast<double>(c), "mixed ln y" + tag);
+      compare(dx, r64[1], r32[1], DType::f32, static_cast<double>(c), "mixed ln dx (fp32)" + tag);
+      compare(dw, r64[2], r32[2], DType::bf16, static_cast<double>(m), "mixed ln dw" + tag);
+      compare(db, r64[3], r32[3], DType::bf16, static_cast<double>(m), "mixed ln db" + tag);
+    }
+  // fp32 + bf16 residual add: fp32 out; each gradient in its input's dtype.
+  Var a(Tensor::full({4}, 1.0, DType::f32, kGpu), true), h(Tensor::full({4}, 0.5, DType::bf16, kGpu), true);
+  Var s = fn::add(a, h);
+  CHECK(s.value().dtype() == DType::f32);
+  s.backward(Tensor::full({4}, 2.0, DType::f32, kGpu));
+  CHECK(a.grad().dtype() == DType::f32);
+  CHECK(h.grad().dtype() == DType::bf16);
+  CHECK(h.grad().to_vector() == std::vector<double>{2, 2, 2, 2});
+}

@@ -31,6 +31,7 @@ struct RuntimeSection {
   std::string precision = "auto";  // "auto" (bf16 on GPU, fp32 on CPU) | "bf16" | "fp16" | "fp32"
   int64_t nproc = 1;
   bool gemm_autotune = false;  // time cuBLASLt candidates (faster; resume no longer bit-exact)
+  bool fp32_residual = true;   // bf16/fp16 runs: residual stream in fp32 (as PyTorch autocast)
 };
 
 struct DataSection {

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
     g.ffn = parse_ffn_kind(cfg.model.ffn);
     g.ffn_mult = cfg.model.ffn_mult;
     g.bias = cfg.model.bias;
+    g.fp32_residual = cfg.runtime.fp32_residual;
     g.place = ParamInit{dev.is_cuda() ? DType::bf16 : DType::f32, dev};
     Generator init(0);
     GPT model(g, std::make_shared<Generator>(0), init);

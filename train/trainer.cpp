@@ -72,6 +72,7 @@ GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
   g.ffn_mult = c.model.ffn_mult;
   g.dropout = static_cast<float>(c.model.dropout);
   g.bias = c.model.bias;
+  g.fp32_residual = c.runtime.fp32_residual;
   g.place = ParamInit{dt, dev};
   return g;
 }

@@ -55,12 +55,13 @@ __global__ void fill_kernel(T* dst, int64_t n, StridedIndex ix, T value) {
   }
 }
 
-template <class T>
-__global__ void axpy_kernel(T* dst, const T* src, int64_t n, double alpha) {
+template <class T, class S>
+__global__ void axpy_kernel(T* dst, const S* src, int64_t n, double alpha) {
   using A = cuda::acc_t<T>;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
-    dst[i] = cuda::from_acc<T>(cuda::to_acc(dst[i]) + static_cast<A>(alpha) * cuda::to_acc(src[i]));
+    dst[i] = cuda::from_acc<T>(cuda::to_acc(dst[i]) +
+                               static_cast<A>(alpha) * static_cast<A>(cuda::to_acc(src[i])));
 }
 
 template <class T>
@@ -140,10 +141,13 @@ void axpy(const Tensor& dst, const Tensor& src, double alpha) {
   cuda::DeviceGuard guard(dev);
   const int64_t n = dst.numel();
   FFN_DISPATCH_ALL(dst.dtype(), "add_", [&]<class T>() {
-    using DT = cuda::device_t<T>;
-    axpy_kernel<DT><<<cuda::grid_for(n, 256), 256, 0, cuda::stream(dev)>>>(
-        static_cast<DT*>(dst.data_ptr()), static_cast<const DT*>(src.data_ptr()), n, alpha);
-    FFN_CHECK_LAUNCH();
+    FFN_DISPATCH_ALL(src.dtype(), "add_", [&]<class S>() {
+      using DT = cuda::device_t<T>;
+      using ST = cuda::device_t<S>;
+      axpy_kernel<DT, ST><<<cuda::grid_for(n, 256), 256, 0, cuda::stream(dev)>>>(
+          static_cast<DT*>(dst.data_ptr()), static_cast<const ST*>(src.data_ptr()), n, alpha);
+      FFN_CHECK_LAUNCH();
+    });
   });
 }
 

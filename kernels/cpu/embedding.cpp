@@ -10,18 +10,23 @@ namespace ffn {
 
 namespace {
 void validate(const Tensor& ids, const Tensor& table_like, const Tensor& rows, const char* op,
-              const char* table_name, const char* rows_name) {
+              const char* table_name, const char* rows_name, bool check_ids = true) {
   detail::check_matrix(table_like, op, table_name);
   check_dim(ids, 1, op, "ids");
   FFN_CHECK(is_float(table_like.dtype()), "[", op, "] ", table_name, " must be a float tensor");
   check_same_device(ids, table_like, op, "ids", table_name);
   detail::check_like(rows, table_like, {ids.size(0), table_like.size(1)}, op, rows_name);
-  detail::check_indices(ids, table_like.size(0), op, "ids");
+  if (check_ids) {
+    detail::check_indices(ids, table_like.size(0), op, "ids");
+  } else {
+    FFN_CHECK(ids.dtype() == DType::i32 && ids.is_contiguous(), "[", op,
+              "] ids must be a contiguous i32 vector");
+  }
 }
 }  // namespace
 
-void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
-  validate(ids, table, out, "embedding", "table", "out");
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool check_ids) {
+  validate(ids, table, out, "embedding", "table", "out", check_ids);
   const Tensor tc = table.contiguous();
   if (out.is_cuda()) {
 #if FFN_WITH_CUDA

@@ -18,6 +18,14 @@ void check_stats(const Tensor& t, const Tensor& x, const char* op, const char* n
             dtype_name(acc_dtype(x.dtype())), ", got ", dtype_name(t.dtype()));
   FFN_CHECK(t.is_contiguous(), "[", op, "] ", name, " must be contiguous");
 }
+
+// x is in w's dtype, or (GPU only) in acc_dtype(w) for a 16-bit w.
+void check_x_dtype(const Tensor& x, const Tensor& w, const char* op) {
+  const bool mixed = x.dtype() != w.dtype();
+  FFN_CHECK(!mixed || (is_half(w.dtype()) && x.dtype() == acc_dtype(w.dtype()) && x.is_cuda()),
+            "[", op, "] x is ", dtype_name(x.dtype()), " but w is ", dtype_name(w.dtype()),
+            " (x may differ only as fp32 with 16-bit parameters, on the GPU)");
+}
 }  // namespace
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
@@ -27,9 +35,12 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
   FFN_CHECK(std::isfinite(eps) && eps > 0, "[layer_norm] eps must be > 0, got ", eps);
   const int64_t c = x.size(1);
   FFN_CHECK(c > 0 || x.size(0) == 0, "[layer_norm] x has rows of length 0");
-  detail::check_like(w, x, {c}, "layer_norm", "w");
-  if (b.defined()) detail::check_like(b, x, {c}, "layer_norm", "b");
-  detail::check_like(y, x, x.shape(), "layer_norm", "y");
+  check_defined(w, "layer_norm", "w");
+  check_x_dtype(x, w, "layer_norm");
+  detail::check_like(w, w, {c}, "layer_norm", "w");
+  check_same_device(w, x, "layer_norm", "w", "x");
+  if (b.defined()) detail::check_like(b, w, {c}, "layer_norm", "b");
+  detail::check_like(y, w, x.shape(), "layer_norm", "y");
   check_stats(mean, x, "layer_norm", "mean");
   check_stats(rstd, x, "layer_norm", "rstd");
   const Tensor xc = x.contiguous();
@@ -45,16 +56,19 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
                          const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db) {
   const char* op = "layer_norm_backward";
   detail::check_matrix(x, op, "x");
-  detail::check_like(w, x, {x.size(1)}, op, "w");
+  check_defined(w, op, "w");
+  check_x_dtype(x, w, op);
+  detail::check_like(w, w, {x.size(1)}, op, "w");
+  check_same_device(w, x, op, "w", "x");
   check_defined(dy, op, "dy");
   check_shape(dy, x.shape(), op, "dy");
-  check_same_dtype(dy, x, op, "dy", "x");
+  check_same_dtype(dy, w, op, "dy", "w");
   check_same_device(dy, x, op, "dy", "x");
   check_stats(mean, x, op, "mean");
   check_stats(rstd, x, op, "rstd");
   if (dx) detail::check_like(*dx, x, x.shape(), op, "dx");
-  if (dw) detail::check_like(*dw, x, {x.size(1)}, op, "dw");
-  if (db) detail::check_like(*db, x, {x.size(1)}, op, "db");
+  if (dw) detail::check_like(*dw, w, {x.size(1)}, op, "dw");
+  if (db) detail::check_like(*db, w, {x.size(1)}, op, "db");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
 #if FFN_WITH_CUDA
