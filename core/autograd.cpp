@@ -68,6 +68,10 @@ void Var::backward() const {
 }
 
 void Var::backward(const Tensor& d_out) const {
+  backward(d_out, LeafHook());
+}
+
+void Var::backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const {
   FFN_CHECK(impl_, "[backward] called on an undefined Var");
   FFN_CHECK(requires_grad(),
             "[backward] the output does not require grad (no input needed a "
@@ -79,6 +83,7 @@ void Var::backward(const Tensor& d_out) const {
 
   if (!impl_->grad_fn) {  // a leaf
     accumulate(impl_->grad, d_out.clone(), "the seed");
+    if (on_leaf_ready) on_leaf_ready(*this);
     return;
   }
 
@@ -99,12 +104,34 @@ void Var::backward(const Tensor& d_out) const {
     }
   }
 
+  // For the hook: how many nodes still to visit feed each leaf. A leaf is complete when
+  // the last of them has been visited (run or skipped).
+  std::unordered_map<VarImpl*, int> leaf_edges;
+  std::unordered_map<VarImpl*, Var> leaf_var;
+  if (on_leaf_ready)
+    for (Node* node : order)
+      for (const Var& in : node->inputs)
+        if (in.defined() && !in.grad_fn() && in.requires_grad()) {
+          ++leaf_edges[in.impl()];
+          leaf_var.emplace(in.impl(), in);
+        }
+  auto visited_node = [&](Node* node) {
+    if (!on_leaf_ready) return;
+    for (const Var& in : node->inputs)
+      if (in.defined() && !in.grad_fn() && in.requires_grad() && --leaf_edges[in.impl()] == 0 &&
+          in.impl()->grad.defined())
+        on_leaf_ready(leaf_var.at(in.impl()));
+  };
+
   std::unordered_map<Node*, Tensor> pending;
   pending[impl_->grad_fn.get()] = d_out.clone();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* node = *it;
     auto found = pending.find(node);
-    if (found == pending.end()) continue;  // no gradient flowed here
+    if (found == pending.end()) {  // no gradient flowed here
+      visited_node(node);
+      continue;
+    }
     FFN_CHECK(!node->released, "[backward] '", node->name(),
               "' already ran backward and freed its saved tensors; run forward again "
               "before calling backward a second time");
@@ -127,6 +154,7 @@ void Var::backward(const Tensor& d_out) const {
       else
         accumulate(in.impl()->grad, std::move(grads[i]), node->name());
     }
+    visited_node(node);
   }
 }
 

@@ -17,6 +17,7 @@
 // twice, the engine clones the second one, so nothing is ever summed twice.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,12 @@ class Var {
   void backward() const;
   // Backward from any output with an explicit gradient of the same shape.
   void backward(const Tensor& d_out) const;
+  // Same, calling on_leaf_ready(leaf) as soon as a leaf's gradient for this backward is
+  // complete (no node that runs later can add to it) — data parallelism starts reducing a
+  // layer's gradients while earlier layers are still in backward. Leaves that receive no
+  // gradient are not reported.
+  using LeafHook = std::function<void(const Var&)>;
+  void backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const;
 
  private:
   std::shared_ptr<VarImpl> impl_;

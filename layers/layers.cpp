@@ -63,7 +63,8 @@ Var Dropout::forward_impl(const Var& x) {
   return fn::dropout(x, rng_->dropout(p_));
 }
 
-FeedForward::FeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng)
+FeedForward::FeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng,
+                         Generator* init)
     : opt_(opt), rng_(std::move(rng)) {
   const char* layer = opt.gated ? "gated_feed_forward" : "feed_forward";
   FFN_CHECK(opt.d_model > 0 && opt.hidden > 0, "[", layer, "] d_model=", opt.d_model,
@@ -73,7 +74,7 @@ FeedForward::FeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generato
               "] dropout must be in [0, 1], got ", p);
   FFN_CHECK(rng_, "[", layer, "] needs a Generator");
   const int64_t h1 = opt.gated ? 2 * opt.hidden : opt.hidden;
-  Generator& g = *rng_;
+  Generator& g = init ? *init : *rng_;
   w1_ = register_parameter("fc1.weight",
                            init_weight({h1, opt.d_model}, opt.d_model, opt.init_std, opt.place, g));
   if (opt.bias)
@@ -107,7 +108,8 @@ FeedForwardOptions gated_options(FeedForwardOptions opt) {
 }
 }  // namespace
 
-GatedFeedForward::GatedFeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng)
-    : FeedForward(gated_options(opt), std::move(rng)) {}
+GatedFeedForward::GatedFeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng,
+                                   Generator* init)
+    : FeedForward(gated_options(opt), std::move(rng), init) {}
 
 }  // namespace ffn

@@ -68,7 +68,9 @@ struct FeedForwardOptions {
 // one autograd node running the fused kernels (layers/ffn_functional.h).
 class FeedForward : public Layer {
  public:
-  FeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng);
+  // `rng` draws the dropout masks and, unless `init` is given, the initial weights.
+  FeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng,
+              Generator* init = nullptr);
   const FeedForwardOptions& options() const { return opt_; }
 
  protected:
@@ -84,7 +86,8 @@ class FeedForward : public Layer {
 // GEGLU (act = gelu_tanh or gelu_erf) or SwiGLU (act = silu).
 class GatedFeedForward : public FeedForward {
  public:
-  GatedFeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng);
+  GatedFeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generator> rng,
+                   Generator* init = nullptr);
 };
 
 }  // namespace ffn

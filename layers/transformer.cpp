@@ -113,10 +113,11 @@ TransformerBlock::TransformerBlock(const GptConfig& cfg, std::shared_ptr<Generat
   f.bias = cfg.bias;
   f.init_std = cfg.init_std;
   f.place = cfg.place;
+  // Weights come from `init` (identical on every rank); `rng` only draws dropout masks.
   if (cfg.ffn == FfnKind::gelu)
-    mlp_ = std::make_unique<FeedForward>(f, rng);
+    mlp_ = std::make_unique<FeedForward>(f, rng, &init);
   else
-    mlp_ = std::make_unique<GatedFeedForward>(f, rng);
+    mlp_ = std::make_unique<GatedFeedForward>(f, rng, &init);
   register_module("ln_1", ln_1_);
   register_module("attn", attn_);
   register_module("ln_2", ln_2_);

@@ -1,13 +1,20 @@
 // train/ffn_train.cpp — `ffn-train CONFIG [--set k=v]… [--resume DIR]`: the main job.
 //
-// Exit codes: 0 done; 1 runtime failure (bad checkpoint, non-finite training, CUDA error);
-// 2 configuration error (bad flags, unknown/mistyped/out-of-range config keys), reported
-// before any device memory is allocated.
+// Exit codes: 0 done; 1 runtime failure (bad checkpoint, non-finite training, CUDA/NCCL
+// error, a peer lost); 2 configuration error (bad flags, unknown/mistyped/out-of-range
+// config keys), reported before any device memory is allocated.
+//
+// Data parallel: `--nproc N` (or runtime.nproc) starts N local workers of this same command
+// (train/dist.h); under torchrun/srun/mpirun-style launchers the RANK/WORLD_SIZE/LOCAL_RANK/
+// MASTER_ADDR/MASTER_PORT variables make each process one rank.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 
+#include <cstdlib>
+
 #include "core/error.h"
+#include "train/dist.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -19,7 +26,8 @@ int main(int argc, char** argv) {
   std::string config_path, resume;
   std::vector<std::string> sets;
   bool overwrite = false, quiet = false, print_config = false;
-  int64_t stop_after = 0;
+  int64_t stop_after = 0, nproc = 0, bucket_mb = 25;
+  double comm_timeout = 300;
   app.add_option("config", config_path, "TOML config file (see configs/)")->required();
   app.add_option("--set", sets,
                  "Override a config key: section.key=value (repeatable), e.g. --set train.lr=3e-4");
@@ -31,6 +39,14 @@ int main(int argc, char** argv) {
                  "Run at most N iterations in this process, checkpoint and exit (resume later)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--quiet", quiet, "No progress display (metrics.jsonl is still written)");
+  app.add_option("--nproc", nproc,
+                 "Data parallel on N local GPUs: start N worker processes (default: runtime.nproc)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--bucket-mb", bucket_mb, "Gradient all-reduce bucket size in MiB (data parallel)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--comm-timeout", comm_timeout,
+                 "Seconds a collective may take before the run is aborted (data parallel)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   try {
     app.parse(argc, argv);
@@ -39,7 +55,17 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   try {
+    if (nproc > 0) {
+      std::string set = "runtime.nproc=";
+      set += std::to_string(nproc);
+      sets.push_back(set);
+    }
     const ffn::train::Config cfg = ffn::train::Config::load(config_path, sets);
+    if (cfg.runtime.nproc > 1 && !std::getenv("RANK") && !print_config) {
+      // The launcher: N copies of this command, each a rank (they re-read the config).
+      std::vector<std::string> args(argv, argv + argc);
+      return ffn::train::launch_local(static_cast<int>(cfg.runtime.nproc), args);
+    }
     if (print_config) {
       std::fputs(cfg.to_toml().c_str(), stdout);
       return 0;
@@ -49,6 +75,8 @@ int main(int argc, char** argv) {
     opt.overwrite = overwrite;
     opt.stop_after = stop_after;
     opt.quiet = quiet;
+    opt.bucket_mb = bucket_mb;
+    opt.comm_timeout_s = comm_timeout;
     ffn::train::run_training(cfg, opt);
     return 0;
   } catch (const ffn::Error& e) {

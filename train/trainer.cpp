@@ -16,7 +16,10 @@
 #include "layers/transformer.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
+#include "train/comm.h"
 #include "train/data.h"
+#include "train/ddp.h"
+#include "train/dist.h"
 #include "train/json.h"
 #include "train/metrics.h"
 
@@ -77,19 +80,47 @@ GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
   return g;
 }
 
-// Mean loss over `iters` fixed batches of a split (eval mode, no graph).
+// Mean loss over `iters` fixed batches of a split (eval mode, no graph). With several ranks
+// each evaluates its rows of every batch and the means are averaged.
 double estimate_loss(GPT& model, const std::vector<int32_t>& tokens, const Config& c,
-                     uint64_t seed, Device dev) {
+                     uint64_t seed, Device dev, Comm* comm) {
   NoGradGuard ng;
   model.eval();
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
   double sum = 0;
   for (int64_t i = 0; i < c.run.eval_iters; ++i) {
     const Batch b = sample_batch(tokens, c.train.batch_size, c.model.context, seed,
-                                 static_cast<uint64_t>(i));
+                                 static_cast<uint64_t>(i), rank, world);
     sum += model.loss(b.x.to(dev), b.y.to(dev)).value().item();
   }
   model.train();
-  return sum / static_cast<double>(c.run.eval_iters);
+  double mean = sum / static_cast<double>(c.run.eval_iters);
+  if (world > 1) {
+    Tensor t = Tensor::full({1}, mean, DType::f64, Device::cpu()).to(DType::f32).to(dev);
+    comm->all_reduce(t, true, "eval loss");
+    comm->wait();
+    mean = t.item();
+  }
+  return mean;
+}
+
+// Debug check that data parallelism keeps every rank's parameters bitwise identical:
+// rank 0's CRC-32 of all parameter bytes is broadcast and compared everywhere.
+void check_replicas(const std::vector<std::pair<std::string, Var>>& params, Comm& comm,
+                    Device dev, int64_t step) {
+  uint32_t crc = 0;
+  for (const auto& [n, v] : params) {
+    const Tensor h = v.value().to(Device::cpu()).contiguous();
+    crc = crc32(h.data_ptr(), h.nbytes(), crc);
+  }
+  Tensor c0 = Tensor::full({1}, static_cast<double>(crc), DType::f64, dev);
+  comm.broadcast(c0, 0, "replica checksum");
+  comm.wait();
+  Tensor bad = Tensor::full({1}, c0.item() == static_cast<double>(crc) ? 0.0 : 1.0, DType::f32, dev);
+  comm.all_reduce(bad, false, "replica check");
+  comm.wait();
+  FFN_CHECK(bad.item() == 0.0, "[ddp] parameters differ across ranks at step ", step, " (",
+            bad.item(), " rank(s) differ from rank 0)");
 }
 
 bool has_checkpoints(const std::string& dir) {
@@ -103,11 +134,20 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   const auto t_start = clock::now();
   const bool tty = !opt.quiet && isatty(fileno(stdout));
   // Everything that can be a config error is decided before device memory is touched.
-  if (cfg.runtime.nproc != 1)
-    config_error("runtime.nproc: " + std::to_string(cfg.runtime.nproc) +
-                 " processes requested; this build's trainer runs one process (multi-GPU data "
-                 "parallel is not landed yet)");
-  const Device dev = pick_device(cfg.runtime.device);
+  const DistEnv denv = opt.comm ? DistEnv{} : dist_env_from_environment();
+  const int world = opt.comm ? opt.comm->world() : denv.world;
+  const int rank = opt.comm ? opt.comm->rank() : denv.rank;
+  if (cfg.train.batch_size % world != 0)
+    config_error("train.batch_size: the global batch " + std::to_string(cfg.train.batch_size) +
+                 " is not divisible by the " + std::to_string(world) + " processes");
+  Device dev = pick_device(cfg.runtime.device);
+  if (world > 1 && !opt.comm) {
+    if (!dev.is_cuda())
+      config_error("runtime.device: data parallelism across processes needs GPUs (NCCL); got \"" +
+                   cfg.runtime.device + "\"");
+    dev = pick_device("cuda:" + std::to_string(denv.local_rank));
+  }
+  const bool lead = rank == 0;  // logs, metrics, pictures and checkpoints come from rank 0
   const DType dt = pick_dtype(cfg.runtime.precision, dev);
   // Timed GEMM autotuning may pick different algorithms in another process, which would
   // break bit-exact resume; it is opt-in for training runs.
@@ -134,27 +174,45 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
       config_error("model: the checkpoint in '" + resume_dir +
                    "' was trained with a different model shape; resume with its config (" +
                    resume_dir + "/config.toml)");
-    if (state.world != 1)
+    if (state.world != world)
       config_error("runtime.nproc: the checkpoint was written by " + std::to_string(state.world) +
-                   " processes; resume with the same world size");
+                   " process(es) and this run has " + std::to_string(world) +
+                   "; resume with the same world size (the data order and dropout streams "
+                   "depend on it)");
     if (!data.chars.empty() && state.vocab != data.chars)
       config_error("data: the text's vocabulary differs from the checkpoint's");
   }
-  if (opt.overwrite && resume_dir.empty() && fs::exists(run_dir)) {
+  if (lead && opt.overwrite && resume_dir.empty() && fs::exists(run_dir)) {
     for (const auto& e : fs::directory_iterator(run_dir)) {
       const std::string n = e.path().filename().string();
       if (n.rfind("ckpt-", 0) == 0 || n == "latest" || n == "metrics.jsonl" || n == "loss.svg")
         fs::remove_all(e.path());
     }
   }
-  fs::create_directories(run_dir);
-  {
+  if (lead) {
+    fs::create_directories(run_dir);
     std::ofstream(fs::path(run_dir) / "config.toml") << cfg.to_toml();
+  }
+  // The communicator (joins the other ranks; a missing peer is a timeout error).
+  std::unique_ptr<Comm> owned_comm;
+  Comm* comm = opt.comm;
+  if (world > 1 && !comm) {
+#if FFN_WITH_NCCL
+    const std::string id = rendezvous(denv, lead ? nccl_unique_id() : std::string(),
+                                      opt.rendezvous_timeout_s);
+    owned_comm = make_nccl_comm(rank, world, dev.index, id, NcclOptions{opt.comm_timeout_s});
+    comm = owned_comm.get();
+#else
+    config_error("runtime.nproc: this build has no NCCL, so it cannot run several processes");
+#endif
   }
 
   // Model, optimizer and RNG.
   Generator init(static_cast<uint64_t>(cfg.run.seed));
-  auto rng = std::make_shared<Generator>(static_cast<uint64_t>(cfg.run.seed) + 1);
+  // Dropout streams: (seed, rank) pick the generator, the step and layer its offset, so
+  // ranks draw different masks and a run is reproducible for a given world size.
+  auto rng = std::make_shared<Generator>(static_cast<uint64_t>(cfg.run.seed) + 1 +
+                                         static_cast<uint64_t>(rank) * 1000003ull);
   GPT model(gpt_config(cfg, vocab, dev, dt), rng, init);
   AdamWOptions ao;
   ao.hyper = AdamWHyper{cfg.train.lr, cfg.train.beta1, cfg.train.beta2, cfg.train.eps,
@@ -165,6 +223,9 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   const auto params = model.named_parameters();
   AdamW optim(params, ao);
   LossScaler scaler(dt == DType::f16);
+  std::unique_ptr<GradSync> sync;
+  if (world > 1) sync = std::make_unique<GradSync>(params, *comm, opt.bucket_mb << 20);
+  int64_t buckets_total = 0, buckets_overlapped = 0;
   uint64_t cursor = 0;
   int64_t start_iter = 0;
   double best_val = INFINITY;
@@ -187,9 +248,11 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   const double flops_per_iter = model.flops_per_token(cfg.model.context) * tokens_per_iter;
   const double peak = dev.is_cuda() ? peak_flops(device_label(dev), is_half(dt)) : 0.0;
 
-  if (!opt.quiet) {
-    std::printf("fused-ffn train: %s | %s | %s\n", device_label(dev).c_str(), dtype_name(dt),
-                data.describe.c_str());
+  const bool show = !opt.quiet && lead;
+  if (show) {
+    std::printf("fused-ffn train: %s%s | %s | %s\n", device_label(dev).c_str(),
+                world > 1 ? (" x " + std::to_string(world) + " processes (NCCL)").c_str() : "",
+                dtype_name(dt), data.describe.c_str());
     std::printf("model: GPT %lld layers, %lld heads, d_model %lld, context %lld, ffn %s, %.2fM "
                 "params | batch %lld (%s tokens/iter) | run dir %s\n",
                 static_cast<long long>(cfg.model.layers), static_cast<long long>(cfg.model.heads),
@@ -208,7 +271,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   // to the checkpoint; later lines came from iterations that are about to be redone.
   Curve train_curve{"train", "#1f77b4", {}}, val_curve{"val", "#d62728", {}};
   const std::string metrics_path = (fs::path(run_dir) / "metrics.jsonl").string();
-  if (!resume_dir.empty() && fs::exists(metrics_path)) {
+  if (lead && !resume_dir.empty() && fs::exists(metrics_path)) {
     std::ifstream in(metrics_path);
     std::string line, kept;
     while (std::getline(in, line)) {
@@ -228,7 +291,11 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
     in.close();
     std::ofstream(metrics_path, std::ios::trunc) << kept;
   }
-  MetricsLog metrics(metrics_path);
+  std::unique_ptr<MetricsLog> metrics_log;
+  if (lead) metrics_log = std::make_unique<MetricsLog>(metrics_path);
+  auto log_metrics = [&](const std::vector<std::pair<std::string, std::string>>& f) {
+    if (metrics_log) metrics_log->write(f);
+  };
   TrainResult res;
   res.run_dir = run_dir;
   res.last_val_loss = NAN;
@@ -248,28 +315,31 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
     s.optim_counters = optim.counters();
     s.loss_scaler = scaler.state();
     s.best_val = best_val;
-    s.world = 1;
+    s.world = world;
     s.vocab = data.chars;
+    if (!lead) return std::string();
     return save_checkpoint(run_dir, s, values_of(params), optim.state(), cfg.to_toml(),
                            cfg.run.keep_checkpoints);
   };
   auto evaluate = [&](int64_t done) {
     const auto t0 = clock::now();
-    const double val = estimate_loss(model, data.val, cfg, eval_seed, dev);
-    const double tr = estimate_loss(model, data.train, cfg, eval_seed + 1, dev);
+    const double val = estimate_loss(model, data.val, cfg, eval_seed, dev, comm);
+    const double tr = estimate_loss(model, data.train, cfg, eval_seed + 1, dev, comm);
+    if (world > 1) check_replicas(params, *comm, dev, done);
     eval_seconds += std::chrono::duration<double>(clock::now() - t0).count();
     ++evals_done;
     best_val = std::min(best_val, val);
     if (std::isnan(res.first_val_loss)) res.first_val_loss = val;
     res.last_val_loss = val;
-    metrics.write({{"iter", std::to_string(done)},
+    log_metrics({{"iter", std::to_string(done)},
                    {"val_loss", json_number(val)},
                    {"train_eval_loss", json_number(tr)},
                    {"best_val_loss", json_number(best_val)}});
     val_curve.points.emplace_back(static_cast<double>(done), val);
-    write_loss_svg((fs::path(run_dir) / "loss.svg").string(), {train_curve, val_curve},
-                   "fused-ffn: " + run_dir);
-    if (!opt.quiet) {
+    if (lead)
+      write_loss_svg((fs::path(run_dir) / "loss.svg").string(), {train_curve, val_curve},
+                     "fused-ffn: " + run_dir);
+    if (show) {
       std::printf("%seval @ iter %lld: val loss %.4f, train loss %.4f (best val %.4f)\n",
                   tty ? "\r\033[K" : "", static_cast<long long>(done), val, tr, best_val);
       std::fflush(stdout);
@@ -284,13 +354,24 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
     const auto t0 = clock::now();
     const double lr = lr_at(sched, it, cfg.train.lr, cfg.train.min_lr, cfg.train.warmup, decay_iters);
     const Batch b = sample_batch(data.train, cfg.train.batch_size, cfg.model.context, data_seed,
-                                 cursor++);
+                                 cursor++, rank, world);
+    if (comm) comm->set_step(it + 1);
     Var loss = model.loss(b.x.to(dev), b.y.to(dev));
-    if (scaler.enabled())
-      loss.backward(Tensor::full({}, scaler.scale(), loss.value().dtype(), dev));
-    else
-      loss.backward();
-    const double lv = loss.value().item();
+    const Tensor seed = Tensor::full({}, scaler.scale(), loss.value().dtype(), dev);
+    double lv;
+    if (sync) {
+      loss.backward(seed, sync->hook());
+      sync->finish();  // averaged gradients on every rank
+      buckets_total += sync->last().buckets;
+      buckets_overlapped += sync->last().launched_in_backward;
+      Tensor l = loss.value().reshape({1}).clone();
+      comm->all_reduce(l, true, "loss");  // a non-finite loss on any rank reaches all
+      comm->wait();
+      lv = l.item();
+    } else {
+      loss.backward(seed);
+      lv = loss.value().item();
+    }
     loss = Var();
     const StepReport rep = optim.step(lr, lv, scaler.scale());
     scaler.update(rep.skipped);
@@ -308,7 +389,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
       const double mfu = peak > 0 ? flops_per_iter / (avg / 1e3) / peak : NAN;
       window_ms = 0, window_n = 0;
       train_curve.points.emplace_back(static_cast<double>(done), lv);
-      metrics.write({{"iter", std::to_string(done)},
+      log_metrics({{"iter", std::to_string(done)},
                      {"train_loss", json_number(lv)},
                      {"lr", json_number(lr)},
                      {"grad_norm", json_number(rep.grad_norm)},
@@ -316,7 +397,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
                      {"tokens_per_s", json_number(tps)},
                      {"mfu", json_number(mfu)},
                      {"skipped_steps", std::to_string(optim.skipped())}});
-      if (!opt.quiet) {
+      if (show) {
         const int64_t left = end_iter - done;
         const double evals_left = static_cast<double>(left / cfg.run.eval_every + 1);
         const double per_eval = evals_done ? eval_seconds / static_cast<double>(evals_done) : 0.0;
@@ -337,24 +418,31 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
                                                        : eval_now;
     if (ckpt_now || done == end_iter) {
       const std::string dir = checkpoint(done);
-      if (!opt.quiet && done == end_iter) {
+      if (show && done == end_iter) {
         std::printf("%scheckpoint: %s\n", tty ? "\r\033[K" : "", dir.c_str());
         std::fflush(stdout);
       }
     }
   }
-  if (tty) std::printf("\n");
+  if (tty && lead) std::printf("\n");
   res.iters_done = end_iter;
   res.last_train_loss = last_loss;
   res.best_val_loss = best_val;
   res.skipped_steps = optim.skipped();
+  res.world = world;
+  res.overlap_share = buckets_total ? static_cast<double>(buckets_overlapped) /
+                                          static_cast<double>(buckets_total)
+                                    : 0.0;
   if (!iter_ms.empty()) {
     std::vector<double> s = iter_ms;
     std::nth_element(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(s.size() / 2), s.end());
     res.ms_per_iter = s[s.size() / 2];
     res.tokens_per_s = static_cast<double>(tokens_per_iter) / (res.ms_per_iter / 1e3);
   }
-  if (!opt.quiet) {
+  if (show) {
+    if (world > 1)
+      std::printf("data parallel: %d processes, %.0f%% of gradient buckets reduced while "
+                  "backward was still running\n", world, 100 * res.overlap_share);
     std::printf("done: %lld iters in %s | best val loss %.4f | median %.1f ms/iter (%s tok/s) | "
                 "%lld skipped steps | curve: %s/loss.svg\n",
                 static_cast<long long>(end_iter),

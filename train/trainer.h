@@ -15,11 +15,20 @@
 
 namespace ffn::train {
 
+class Comm;
+
 struct TrainOptions {
   std::string resume;      // run or checkpoint directory to continue from ("" = fresh)
   bool overwrite = false;  // allow starting fresh in a run dir that holds checkpoints
   int64_t stop_after = 0;  // > 0: run at most this many iterations, checkpoint and return
   bool quiet = false;      // no progress display (metrics are still written)
+  // Data parallelism. Without `comm`, RANK/WORLD_SIZE/... from the environment decide
+  // (train/dist.h): world > 1 joins an NCCL group, one GPU per process (LOCAL_RANK).
+  // Tests pass an in-process communicator instead (then any device, CPU included).
+  Comm* comm = nullptr;
+  int64_t bucket_mb = 25;       // gradient bucket size for the overlapped all-reduce
+  double comm_timeout_s = 300;  // a collective not done after this long aborts the run
+  double rendezvous_timeout_s = 120;
 };
 
 struct TrainResult {
@@ -32,6 +41,8 @@ struct TrainResult {
   double ms_per_iter = 0;     // median over this process's iterations
   double tokens_per_s = 0;
   int64_t skipped_steps = 0;
+  int world = 1;
+  double overlap_share = 0;  // buckets launched during backward / all buckets (world > 1)
 };
 
 TrainResult run_training(const Config& cfg, const TrainOptions& opt);

@@ -1,0 +1,161 @@
+// tests/test_dist.cpp — data parallelism on the CPU: the bucketed gradient synchronizer and
+// its overlap with backward (through an in-process group of rank threads standing in for
+// NCCL), a 2-rank training run against a 1-process run, and the TCP rendezvous (stale
+// nonce rejected, missing peer times out). Part of test_train.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "layers/transformer.h"
+#include "tests/test_util.h"
+#include "train/comm.h"
+#include "train/config.h"
+#include "train/ddp.h"
+#include "train/dist.h"
+#include "train/trainer.h"
+
+using namespace ffn;
+using namespace ffn::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+GptConfig small_gpt() {
+  GptConfig c;
+  c.vocab_size = 13;
+  c.context = 8;
+  c.layers = 3;
+  c.heads = 2;
+  c.d_model = 8;
+  c.init_std = 0.3;
+  c.place = ParamInit{DType::f64, Device::cpu()};
+  return c;
+}
+
+Tensor ids(int64_t b, int64_t t, int shift) {
+  std::vector<double> v;
+  for (int64_t i = 0; i < b * t; ++i) v.push_back(static_cast<double>((i * 5 + shift + i / 7) % 13));
+  return Tensor::from_vector(v, {b, t}, DType::i32);
+}
+
+}  // namespace
+
+TEST_CASE("GradSync: 2 ranks with half batches each give the full batch's gradient") {
+  const Tensor x = ids(4, 8, 0), y = ids(4, 8, 1);
+  // Reference: one process, the whole batch.
+  Generator i0(5);
+  GPT ref(small_gpt(), std::make_shared<Generator>(1), i0);
+  ref.loss(x, y).backward();
+  auto group = make_thread_group(2);
+  std::vector<std::vector<Tensor>> grads(2);
+  std::vector<SyncStats> stats(2);
+  std::vector<std::vector<std::vector<std::string>>> layouts(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      Generator init(5);
+      GPT m(small_gpt(), std::make_shared<Generator>(1), init);
+      // ~3 parameters' worth per bucket, so there are several buckets.
+      GradSync sync(m.named_parameters(), *group[r], 8 * 8 * 8 * 3);
+      layouts[r] = sync.layout();
+      const Tensor xr = x.narrow(0, 2 * r, 2).contiguous(), yr = y.narrow(0, 2 * r, 2).contiguous();
+      Var loss = m.loss(xr, yr);
+      loss.backward(Tensor::full({}, 1.0, DType::f64), sync.hook());
+      sync.finish();
+      stats[r] = sync.last();
+      for (const Var& p : m.parameters()) grads[r].push_back(p.grad().clone());
+    });
+  for (auto& t : threads) t.join();
+  const auto rp = ref.parameters();
+  REQUIRE(grads[0].size() == rp.size());
+  for (size_t i = 0; i < rp.size(); ++i) {
+    ffn::test::check_close(grads[0][i], rp[i].grad(), 1e-12, 1e-9, "rank 0 grad " + std::to_string(i));
+    ffn::test::check_close(grads[1][i], grads[0][i], 0, 0, "ranks agree");
+  }
+  // Buckets hold parameters in reverse registration order (backward's order) and most of
+  // them start reducing before backward ends.
+  CHECK(layouts[0] == layouts[1]);
+  CHECK(layouts[0].front().front() == "ln_f.bias");
+  CHECK(layouts[0].back().back() == "wte.weight");
+  CHECK(stats[0].buckets >= 4);
+  CHECK(stats[0].launched_in_backward >= stats[0].buckets - 1);
+  // The all-reduce sizes, in order, are the buckets' sizes on both ranks.
+  CHECK(recorded_sizes(*group[0]) == recorded_sizes(*group[1]));
+}
+
+TEST_CASE("2-rank data-parallel training (CPU, in-process group) tracks the 1-process run") {
+  const fs::path root = fs::temp_directory_path() / ("ffn-dist-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  auto cfg = [&](const std::string& dir) {
+    return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
+                        {"run.dir=" + (root / dir).string(), "runtime.device=cpu", "train.iters=12",
+                         "run.eval_every=6", "run.eval_iters=2", "train.batch_size=8",
+                         "model.dropout=0.0"});
+  };
+  TrainOptions quiet;
+  quiet.quiet = true;
+  const TrainResult one = run_training(cfg("one"), quiet);
+  auto group = make_thread_group(2);
+  std::vector<TrainResult> res(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      TrainOptions o = quiet;
+      o.comm = group[r].get();
+      o.bucket_mb = 1;
+      res[r] = run_training(cfg("two"), o);  // replicas are compared at every eval
+    });
+  for (auto& t : threads) t.join();
+  CHECK(res[0].world == 2);
+  CHECK(res[0].last_train_loss == res[1].last_train_loss);
+  CHECK(res[0].last_train_loss == doctest::Approx(one.last_train_loss).epsilon(1e-4));
+  CHECK(res[0].last_val_loss == doctest::Approx(one.last_val_loss).epsilon(1e-4));
+  // Only rank 0 writes the run directory; its checkpoint records the world size.
+  std::ifstream st(root / "two" / "ckpt-12" / "state.toml");
+  std::stringstream ss;
+  ss << st.rdbuf();
+  CHECK(ss.str().find("world = 2") != std::string::npos);
+  // Resuming with another world size is refused.
+  TrainOptions resume = quiet;
+  resume.resume = (root / "two").string();
+  CHECK_THROWS_WITH_AS(run_training(cfg("two"), resume), doctest::Contains("same world size"),
+                       Error);
+  fs::remove_all(root);
+}
+
+TEST_CASE("rendezvous hands rank 0's payload to every rank; stale nonce and missing peers fail") {
+  const int port = 29000 + static_cast<int>(::getpid() % 2000);
+  auto env = [&](int rank, int world, const std::string& nonce, int p) {
+    DistEnv e;
+    e.rank = rank, e.world = world, e.nonce = nonce, e.master_port = p;
+    return e;
+  };
+  std::vector<std::string> got(3);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] { got[r] = rendezvous(env(r, 3, "n1", port), r == 0 ? "the-id" : "", 20); });
+  for (auto& t : ts) t.join();
+  CHECK(got == std::vector<std::string>{"the-id", "the-id", "the-id"});
+  // A peer from another run (other nonce) is rejected; rank 0 then times out naming rank 1.
+  std::string r0_error, r1_error;
+  std::thread t0([&] {
+    try {
+      rendezvous(env(0, 2, "new", port + 1), "id", 3);
+    } catch (const Error& e) {
+      r0_error = e.what();
+    }
+  });
+  std::thread t1([&] {
+    try {
+      rendezvous(env(1, 2, "old", port + 1), "", 3);
+    } catch (const Error& e) {
+      r1_error = e.what();
+    }
+  });
+  t0.join();
+  t1.join();
+  CHECK_MESSAGE(r1_error.find("rejected rank 1: stale or foreign run") != std::string::npos, r1_error);
+  CHECK_MESSAGE(r0_error.find("timed out after 3 s") != std::string::npos, r0_error);
+  CHECK(r0_error.find("waiting for rank(s) 1 of 2") != std::string::npos);
+}
