@@ -1,4 +1,4 @@
-// train/comm.cpp — the in-process thread group and the NCCL communicator with its watchdog.
+// train/comm.cpp — the in-process thread group and the NCCL communicator with its timeouts.
 #include "train/comm.h"
 
 #include <chrono>
@@ -112,14 +112,15 @@ ncclDataType_t nccl_type(DType t) {
   return ncclFloat32;
 }
 
-// Note [NCCL watchdog]
-// ~~~~~~~~~~~~~~~~~~~~
-// A thread polls every pending collective's completion event and ncclCommGetAsyncError.
-// On an error, or a collective still running after the timeout (a peer died or hangs), it
-// aborts the communicator — which makes the stuck NCCL kernels return — prints which
-// collective of which step failed, and, because the main thread may be blocked inside the
-// CUDA runtime with no way to see an exception, ends the process with exit code 1 after a
-// short grace period. This is the one place outside main() that ends the process.
+// Note [NCCL timeouts]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A collective whose peer died never finishes, and a host thread blocked in a CUDA call
+// that waits for it (a device-to-host copy of the loss) never returns — nor can another
+// thread query CUDA meanwhile (a watchdog thread calling cudaEventQuery blocked as well,
+// measured on 2×H200). So the host never blocks on a collective: sync() polls each pending collective's
+// completion event and ncclCommGetAsyncError; when one is still running after the timeout
+// or NCCL reports an error, it aborts the communicator (which makes the stuck kernels
+// return) and throws an Error naming the collective and the step; main() exits 1.
 class NcclComm final : public Comm {
  public:
   NcclComm(int rank, int world, int device, const std::string& id, const NcclOptions& opt)
@@ -130,11 +131,8 @@ class NcclComm final : public Comm {
     std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
     FFN_CHECK_NCCL(ncclCommInitRank(&comm_, world, uid, rank));
     FFN_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    watchdog_ = std::thread([this] { watch(); });
   }
   ~NcclComm() override {
-    stop_ = true;
-    if (watchdog_.joinable()) watchdog_.join();
     if (!aborted_) {
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(comm_);
@@ -165,6 +163,37 @@ class NcclComm final : public Comm {
     FFN_CHECK_CUDA(cudaStreamWaitEvent(cuda::stream(device_), e, 0));
     cudaEventDestroy(e);
   }
+  void sync() override {
+    cuda::DeviceGuard guard(device_);
+    while (!pending_.empty()) {
+      const Pending& p = pending_.front();
+      const cudaError_t q = cudaEventQuery(p.done);
+      if (q == cudaSuccess) {
+        cudaEventDestroy(p.done);
+        pending_.pop_front();
+        continue;
+      }
+      FFN_CHECK(q == cudaErrorNotReady, "[nccl] rank ", rank_, ": waiting for '", p.what,
+                "' of step ", p.step, ": ", cudaGetErrorString(q));
+      ncclResult_t async = ncclSuccess;
+      std::string failure;
+      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
+          async != ncclInProgress)
+        failure = std::string("NCCL reported an error (") + ncclGetErrorString(async) + ")";
+      const double age =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
+      if (failure.empty() && age > opt_.timeout_s)
+        failure = "it did not finish within " + std::to_string(static_cast<int>(opt_.timeout_s)) +
+                  " s (a peer died or hangs)";
+      if (!failure.empty()) {
+        aborted_ = true;
+        ncclCommAbort(comm_);
+        FFN_THROW("[nccl] rank ", rank_, ": collective '", p.what, "' of step ", p.step, ": ",
+                  failure, "; the communicator was aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 
  private:
   struct Pending {
@@ -176,7 +205,7 @@ class NcclComm final : public Comm {
 
   template <class F>
   void enqueue(const std::string& what, const F& call) {
-    FFN_CHECK(!aborted_, "[nccl] the communicator was aborted (see the watchdog's message)");
+    FFN_CHECK(!aborted_, "[nccl] the communicator was aborted after an earlier collective failed");
     cuda::DeviceGuard guard(device_);
     cudaEvent_t ready, done;
     FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
@@ -186,62 +215,15 @@ class NcclComm final : public Comm {
     cudaEventDestroy(ready);
     call();
     FFN_CHECK_CUDA(cudaEventRecord(done, stream_));
-    std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back({done, std::chrono::steady_clock::now(), what, step_});
-  }
-
-  void watch() {
-    cudaSetDevice(device_);
-    while (!stop_) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      std::string failure;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        while (!pending_.empty()) {
-          const cudaError_t q = cudaEventQuery(pending_.front().done);
-          if (q == cudaErrorNotReady) break;
-          cudaEventDestroy(pending_.front().done);
-          pending_.pop_front();
-        }
-        if (!pending_.empty()) {
-          const Pending& p = pending_.front();
-          const double age =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
-          // Only a collective that has actually had time to run counts: queued work ahead of
-          // it on the compute stream delays its start, so allow the timeout from enqueue.
-          if (age > opt_.timeout_s)
-            failure = "collective '" + p.what + "' of step " + std::to_string(p.step) +
-                      " did not finish within " + std::to_string(static_cast<int>(opt_.timeout_s)) +
-                      " s (a peer died or hangs)";
-        }
-      }
-      ncclResult_t async = ncclSuccess;
-      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess &&
-          async != ncclInProgress)
-        failure = std::string("NCCL reported an asynchronous error (") + ncclGetErrorString(async) +
-                  ") at step " + std::to_string(step_);
-      if (!failure.empty()) {
-        std::fprintf(stderr, "\n[nccl] rank %d: %s; aborting the communicator\n", rank_,
-                     failure.c_str());
-        std::fflush(stderr);
-        aborted_ = true;
-        ncclCommAbort(comm_);
-        std::this_thread::sleep_for(std::chrono::seconds(2));
-        std::fprintf(stderr, "[nccl] rank %d: exiting with code 1\n", rank_);
-        std::fflush(stderr);
-        std::_Exit(1);  // Note [NCCL watchdog]
-      }
-    }
   }
 
   int rank_, world_, device_;
   NcclOptions opt_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  std::mutex mu_;
-  std::deque<Pending> pending_;
-  std::thread watchdog_;
-  std::atomic<bool> stop_{false}, aborted_{false};
+  std::deque<Pending> pending_;  // enqueued, not yet seen finished (oldest first)
+  bool aborted_ = false;
 };
 
 }  // namespace

@@ -32,6 +32,10 @@ class Comm {
   virtual void broadcast(Tensor& buf, int root, const std::string& what) = 0;
   // The compute stream waits for every collective enqueued so far (CPU: no-op).
   virtual void wait() = 0;
+  // The host waits until every collective enqueued so far has finished, polling, so a lost
+  // peer becomes an error instead of a hang (Note [NCCL timeouts]). Call it before reading
+  // any device value that depends on a collective.
+  virtual void sync() { wait(); }
   // The step the trainer is in, for messages.
   void set_step(int64_t step) { step_ = step; }
   int64_t step() const { return step_; }
@@ -48,7 +52,7 @@ std::vector<int64_t> recorded_sizes(const Comm& c);
 
 #if FFN_WITH_NCCL
 struct NcclOptions {
-  double timeout_s = 300;  // a collective not done after this long aborts the run
+  double timeout_s = 300;  // sync() gives up on a collective after this long
 };
 // Joins the NCCL communicator of `world` ranks on `device`; rank 0 made `unique_id` (128
 // bytes) and handed it to the others (train/dist.h).

@@ -98,7 +98,7 @@ double estimate_loss(GPT& model, const std::vector<int32_t>& tokens, const Confi
   if (world > 1) {
     Tensor t = Tensor::full({1}, mean, DType::f64, Device::cpu()).to(DType::f32).to(dev);
     comm->all_reduce(t, true, "eval loss");
-    comm->wait();
+    comm->sync();
     mean = t.item();
   }
   return mean;
@@ -115,10 +115,10 @@ void check_replicas(const std::vector<std::pair<std::string, Var>>& params, Comm
   }
   Tensor c0 = Tensor::full({1}, static_cast<double>(crc), DType::f64, dev);
   comm.broadcast(c0, 0, "replica checksum");
-  comm.wait();
+  comm.sync();
   Tensor bad = Tensor::full({1}, c0.item() == static_cast<double>(crc) ? 0.0 : 1.0, DType::f32, dev);
   comm.all_reduce(bad, false, "replica check");
-  comm.wait();
+  comm.sync();
   FFN_CHECK(bad.item() == 0.0, "[ddp] parameters differ across ranks at step ", step, " (",
             bad.item(), " rank(s) differ from rank 0)");
 }
@@ -366,7 +366,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
       buckets_overlapped += sync->last().launched_in_backward;
       Tensor l = loss.value().reshape({1}).clone();
       comm->all_reduce(l, true, "loss");  // a non-finite loss on any rank reaches all
-      comm->wait();
+      comm->sync();  // polls: a lost peer is an error, not a hang (Note [NCCL timeouts])
       lv = l.item();
     } else {
       loss.backward(seed);
