@@ -17,6 +17,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/trainer.h"
 
 using namespace ffn;
 namespace fs = std::filesystem;
@@ -54,18 +55,10 @@ int main(int argc, char** argv) {
                   ErrorKind::config);
     Device dev = device == "auto" ? (cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu())
                                   : Device::parse(device);
-    GptConfig g;
-    g.vocab_size = cfg.model.vocab_size ? cfg.model.vocab_size
-                                        : static_cast<int64_t>(st.vocab.size());
-    g.context = cfg.model.context;
-    g.layers = cfg.model.layers;
-    g.heads = cfg.model.heads;
-    g.d_model = cfg.model.d_model;
-    g.ffn = parse_ffn_kind(cfg.model.ffn);
-    g.ffn_mult = cfg.model.ffn_mult;
-    g.bias = cfg.model.bias;
-    g.fp32_residual = cfg.runtime.fp32_residual;
-    g.place = ParamInit{dev.is_cuda() ? DType::bf16 : DType::f32, dev};
+    const int64_t vocab =
+        cfg.model.vocab_size ? cfg.model.vocab_size : static_cast<int64_t>(st.vocab.size());
+    GptConfig g = train::gpt_config(cfg, vocab, dev, dev.is_cuda() ? DType::bf16 : DType::f32);
+    g.dropout = 0.0f;  // eval only
     Generator init(0);
     GPT model(g, std::make_shared<Generator>(0), init);
     model.eval();

@@ -64,21 +64,6 @@ std::string device_label(Device dev) {
   return "CPU (" + std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))) + " cores)";
 }
 
-GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
-  GptConfig g;
-  g.vocab_size = vocab;
-  g.context = c.model.context;
-  g.layers = c.model.layers;
-  g.heads = c.model.heads;
-  g.d_model = c.model.d_model;
-  g.ffn = parse_ffn_kind(c.model.ffn);
-  g.ffn_mult = c.model.ffn_mult;
-  g.dropout = static_cast<float>(c.model.dropout);
-  g.bias = c.model.bias;
-  g.fp32_residual = c.runtime.fp32_residual;
-  g.place = ParamInit{dt, dev};
-  return g;
-}
 
 // Mean loss over `iters` fixed batches of a split (eval mode, no graph). With several ranks
 // each evaluates its rows of every batch and the means are averaged.
@@ -128,6 +113,22 @@ bool has_checkpoints(const std::string& dir) {
 }
 
 }  // namespace
+
+GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
+  GptConfig g;
+  g.vocab_size = vocab;
+  g.context = c.model.context;
+  g.layers = c.model.layers;
+  g.heads = c.model.heads;
+  g.d_model = c.model.d_model;
+  g.ffn = parse_ffn_kind(c.model.ffn);
+  g.ffn_mult = c.model.ffn_mult;
+  g.dropout = static_cast<float>(c.model.dropout);
+  g.bias = c.model.bias;
+  g.fp32_residual = c.runtime.fp32_residual;
+  g.place = ParamInit{dt, dev};
+  return g;
+}
 
 TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   using clock = std::chrono::steady_clock;
@@ -246,7 +247,9 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   const LrSchedule sched = parse_schedule(cfg.train.schedule);
   const int64_t tokens_per_iter = cfg.train.batch_size * cfg.model.context;
   const double flops_per_iter = model.flops_per_token(cfg.model.context) * tokens_per_iter;
-  const double peak = dev.is_cuda() ? peak_flops(device_label(dev), is_half(dt)) : 0.0;
+  // MFU: the global batch's flops against the peak of all `world` GPUs.
+  const double peak =
+      dev.is_cuda() ? peak_flops(device_label(dev), is_half(dt)) * static_cast<double>(world) : 0.0;
 
   const bool show = !opt.quiet && lead;
   if (show) {

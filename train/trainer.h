@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "layers/transformer.h"
 #include "train/config.h"
 
 namespace ffn::train {
@@ -46,5 +47,8 @@ struct TrainResult {
 };
 
 TrainResult run_training(const Config& cfg, const TrainOptions& opt);
+
+// The model a config describes (ffn-sample rebuilds a run's model with it).
+GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt);
 
 }  // namespace ffn::train
