@@ -124,6 +124,51 @@ TEST_CASE("2-rank data-parallel training (CPU, in-process group) tracks the 1-pr
   fs::remove_all(root);
 }
 
+TEST_CASE("2-rank resume is bit-exact: 6 + 6 iterations == 12 straight, dropout on") {
+  const fs::path root = fs::temp_directory_path() / ("ffn-dres-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  auto cfg = [&](const std::string& dir) {
+    return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
+                        {"run.dir=" + (root / dir).string(), "runtime.device=cpu", "train.iters=12",
+                         "run.eval_every=6", "run.eval_iters=2", "train.batch_size=8",
+                         "model.dropout=0.1", "run.log_every=1"});
+  };
+  auto run2 = [&](const std::string& dir, int64_t stop_after, bool resume) {
+    auto group = make_thread_group(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        TrainOptions o;
+        o.quiet = true;
+        o.comm = group[r].get();
+        o.stop_after = stop_after;
+        if (resume) o.resume = (root / dir).string();
+        run_training(cfg(dir), o);
+      });
+    for (auto& t : ts) t.join();
+  };
+  run2("a", 0, false);
+  run2("b", 6, false);
+  run2("b", 0, true);
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  auto losses = [&](const std::string& dir) {
+    std::ifstream in(root / dir / "metrics.jsonl");
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l.substr(0, l.find("\"ms_per_iter\"")));
+    return out;
+  };
+  CHECK(losses("a").size() == 15);  // 12 train lines + 3 evals
+  CHECK(losses("a") == losses("b"));
+  for (const char* f : {"model.safetensors", "optim.safetensors"})
+    CHECK_MESSAGE(slurp(root / "a" / "ckpt-12" / f) == slurp(root / "b" / "ckpt-12" / f), f);
+  fs::remove_all(root);
+}
+
 TEST_CASE("rendezvous hands rank 0's payload to every rank; stale nonce and missing peers fail") {
   const int port = 29000 + static_cast<int>(::getpid() % 2000);
   auto env = [&](int rank, int world, const std::string& nonce, int p) {
