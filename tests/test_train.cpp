@@ -314,6 +314,13 @@ TEST_CASE("ffn-train exits 2 on config errors (before touching a GPU) and explai
   CHECK(slurp(root / "out.txt").find("train.lr: expected a number > 0, got -1") != std::string::npos);
   CHECK(run(cfg + " --set runtime.nproc=3") == 2);
   CHECK(run(root.string() + "/missing.toml") == 2);
+  // --nproc starts the workers (fork + exec of this binary); each refuses data parallelism
+  // on the CPU before touching anything, and the launcher passes the exit code on.
+  CHECK(run(cfg + " --nproc 2 --set runtime.device=cpu --set run.dir=" + (root / "dp").string()) ==
+        2);
+  const std::string dp = slurp(root / "out.txt");
+  CHECK_MESSAGE(dp.find("data parallelism across processes needs GPUs") != std::string::npos, dp);
+  CHECK_MESSAGE(dp.find("[launch] worker") != std::string::npos, dp);
   CHECK(run("--help") == 0);
   CHECK(slurp(root / "out.txt").find("--resume") != std::string::npos);
   CHECK(run(cfg + " --print-config --set model.layers=3") == 0);
