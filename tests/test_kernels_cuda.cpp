@@ -21,6 +21,7 @@
 using namespace ffn;
 using ffn::test::check_close;
 using ffn::test::max_abs_diff;
+using ffn::test::max_abs;
 using ffn::test::rand64;
 
 namespace {
@@ -30,12 +31,6 @@ const DType kDtypes[] = {DType::f32, DType::bf16, DType::f16};
 // (M, N): hidden sizes 1, 3, 7, 1600, 4097 and an aligned 4096; M = 1; zero sizes.
 const std::pair<int64_t, int64_t> kShapes[] = {
     {1, 1}, {37, 3}, {5, 7}, {33, 1600}, {9, 4097}, {64, 4096}, {1, 4096}, {0, 64}, {6, 0}};
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector()) m = std::max(m, std::fabs(v));
-  return m;
-}
 
 // The values a dt tensor actually holds, as f64 (inputs are rounded once to dt).
 Tensor exact(const Tensor& x64, DType dt) {

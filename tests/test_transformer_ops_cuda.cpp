@@ -19,17 +19,12 @@
 using namespace ffn;
 using ffn::test::check_close;
 using ffn::test::max_abs_diff;
+using ffn::test::max_abs;
 using ffn::test::rand64;
 
 namespace {
 
 const Device kGpu = Device::cuda(0);
-
-double max_abs(const Tensor& t) {
-  double m = 0;
-  for (double v : t.to_vector()) m = std::max(m, std::fabs(v));
-  return m;
-}
 
 // gpu: the GPU result; ref64: CPU f64 on the rounded inputs; naive32: CPU f32 on them.
 // `term_scale` is the magnitude of the terms an output is computed from, for outputs that

@@ -11,6 +11,12 @@ bool gpu_available() {
   return ok;
 }
 
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to_vector()) m = std::max(m, std::fabs(v));
+  return m;
+}
+
 double max_abs_diff(const Tensor& a, const Tensor& b) {
   REQUIRE(a.shape() == b.shape());
   const auto va = a.to_vector(), vb = b.to_vector();

@@ -26,6 +26,8 @@ bool gpu_available();
 // Skips a TEST_CASE visibly (doctest counts it as skipped) when no GPU is usable.
 #define FFN_GPU_TEST(name) TEST_CASE(name* doctest::skip(!::ffn::test::gpu_available()))
 
+// max |t| over all entries.
+double max_abs(const Tensor& t);
 // max |a - b| over all entries (shapes must match).
 double max_abs_diff(const Tensor& a, const Tensor& b);
 // ‖a - b‖₂ / ‖b‖₂ (0 when both are 0).
