@@ -123,7 +123,7 @@ def step(model, opt, train, gen, dev, it):
     return loss.item()
 
 
-def time_torch(train, vocab, dev, compile_, warmup, iters):
+def time_torch(train, vocab, dev, compile_, warmup, iters, profile=0):
     model, _, opt = make(vocab, dev, compile_)
     gen = torch.Generator().manual_seed(1)
     ms = []
@@ -133,7 +133,23 @@ def time_torch(train, vocab, dev, compile_, warmup, iters):
         torch.cuda.synchronize()
         if it >= warmup:
             ms.append((time.perf_counter() - t0) * 1e3)
+    if profile:
+        gpu_profile(model, opt, train, gen, dev, warmup + iters, profile, "compile" if compile_ else "eager")
     return statistics.median(ms)
+
+
+def gpu_profile(model, opt, train, gen, dev, it0, n, label):
+    """GPU kernel time per step (torch.profiler), to set against the wall time per step."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for it in range(it0, it0 + n):
+            step(model, opt, train, gen, dev, it)
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total, e.count) for e in prof.key_averages() if e.device_time_total > 0]
+    tot = sum(r[1] for r in rows)
+    print(f"torch {label}: GPU kernel time {tot / n / 1e3:.2f} ms/iter over {n} iters", file=sys.stderr)
+    for k, t, c in sorted(rows, key=lambda r: -r[1])[:15]:
+        print(f"  {t / tot * 100:5.1f}%  {t / n:8.1f} us/iter  x{c // n:<4} {k[:90]}", file=sys.stderr)
 
 
 @torch.no_grad()
@@ -186,6 +202,7 @@ def main():
     ap.add_argument("--quality", type=int, default=0, help="also train torch eager this many iters (5000: the recipe)")
     ap.add_argument("--json", help="write every number here")
     ap.add_argument("--run-dir", default="runs/compare_torch_gpt")
+    ap.add_argument("--profile", type=int, default=0, help="also print PyTorch's GPU kernel time over this many iters")
     a = ap.parse_args()
     dev = "cuda"
     train, val, vocab = load(a.data)
@@ -193,9 +210,9 @@ def main():
            "torch": torch.__version__, "warmup": a.warmup, "iters": a.iters}
     res["ours_ms"] = time_ours(a.ffn_train, a.config, a.data, a.warmup, a.iters, a.run_dir)
     print(f"ours {res['ours_ms']:.2f} ms/iter", file=sys.stderr)
-    res["eager_ms"] = time_torch(train, vocab, dev, False, a.warmup, a.iters)
+    res["eager_ms"] = time_torch(train, vocab, dev, False, a.warmup, a.iters, a.profile)
     print(f"eager {res['eager_ms']:.2f} ms/iter", file=sys.stderr)
-    res["compile_ms"] = time_torch(train, vocab, dev, True, a.warmup, a.iters)
+    res["compile_ms"] = time_torch(train, vocab, dev, True, a.warmup, a.iters, a.profile)
     print(f"compile {res['compile_ms']:.2f} ms/iter", file=sys.stderr)
     res["ours_over_eager"] = res["ours_ms"] / res["eager_ms"]
     res["ours_over_compile"] = res["ours_ms"] / res["compile_ms"]
