@@ -2,9 +2,15 @@
 // (kernels/embedding.h).
 //
 // Backward: the (id, position) pairs are sorted by id with CUB's stable radix sort, so
-// each id's positions come out in increasing order; one block per run of equal ids
-// sums those rows of d_out in that order (fp32) and writes the table row once. No
-// float atomics, so the result is bitwise reproducible for given ids.
+// each id's positions come out in increasing order. The sorted list is cut into fixed
+// chunks of kChunk rows, one block each; a block sums each run of equal ids inside its
+// chunk in order (fp32). A run that lies inside one chunk is written to the table at
+// once; the pieces of a run that crosses chunk boundaries go to per-chunk partials (the
+// piece that starts the run: `tail`, a piece continuing one: `head`), and a second
+// kernel adds them in chunk order. Every sum's order depends only on the ids, and there
+// are no float atomics, so the result is bitwise reproducible for given ids. (A common
+// character id in a char-level batch has thousands of rows: one block per id would
+// leave most of the GPU idle.)
 #include <cub/device/device_radix_sort.cuh>
 
 #include "core/cuda/check.h"
@@ -26,18 +32,49 @@ __global__ void gather_kernel(const int32_t* ids, const T* table, T* out, int64_
   }
 }
 
-// Block b looks at sorted position b; if it starts a run of equal ids, it sums the run.
-template <class T>
-__global__ void segment_sum_kernel(const int32_t* keys, const int32_t* pos, const T* d_out,
-                                   T* d_table, int64_t n, int64_t c) {
-  const int64_t s = blockIdx.x;
-  const int32_t id = keys[s];
-  if (s > 0 && keys[s - 1] == id) return;
-  int64_t e = s + 1;
-  while (e < n && keys[e] == id) ++e;
+constexpr int64_t kChunk = 64;
+
+// Chunk k = blockIdx.x covers sorted rows [k·kChunk, …); see the file comment.
+template <class T, class A>
+__global__ void chunk_sum_kernel(const int32_t* keys, const int32_t* pos, const T* d_out,
+                                 T* d_table, A* head, A* tail, int64_t n, int64_t c) {
+  const int64_t k = blockIdx.x, lo = k * kChunk, hi = min(n, lo + kChunk);
+  for (int64_t a = lo; a < hi;) {
+    const int32_t id = keys[a];
+    int64_t b = a + 1;
+    while (b < hi && keys[b] == id) ++b;
+    const bool cont_prev = a == lo && a > 0 && keys[a - 1] == id;
+    const bool cont_next = b == hi && b < n && keys[b] == id;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      A acc = 0;
+      for (int64_t r = a; r < b; ++r) acc += to_acc(d_out[int64_t{pos[r]} * c + j]);
+      if (cont_prev)
+        head[k * c + j] = acc;
+      else if (cont_next)
+        tail[k * c + j] = acc;
+      else
+        d_table[int64_t{id} * c + j] = from_acc<T>(acc);
+    }
+    a = b;
+  }
+}
+
+// Block k: if a run starts in chunk k and continues into chunk k+1, add its pieces in
+// chunk order and write the table row.
+template <class T, class A>
+__global__ void chunk_join_kernel(const int32_t* keys, T* d_table, const A* head, const A* tail,
+                                  int64_t n, int64_t c) {
+  const int64_t k = blockIdx.x, lo = k * kChunk, hi = min(n, lo + kChunk);
+  const int32_t id = keys[hi - 1];
+  const bool starts_here = !(keys[lo] == id && lo > 0 && keys[lo - 1] == id);
+  if (!starts_here || hi >= n || keys[hi] != id) return;
+  int64_t last = k + 1;  // the chunk where the run ends
+  while ((last + 1) * kChunk < n && keys[(last + 1) * kChunk - 1] == id &&
+         keys[(last + 1) * kChunk] == id)
+    ++last;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    acc_t<T> acc = 0;
-    for (int64_t r = s; r < e; ++r) acc += to_acc(d_out[int64_t{pos[r]} * c + j]);
+    A acc = tail[k * c + j];
+    for (int64_t q = k + 1; q <= last; ++q) acc += head[q * c + j];
     d_table[int64_t{id} * c + j] = from_acc<T>(acc);
   }
 }
@@ -66,8 +103,8 @@ int64_t first_bad_index(const Tensor& ids, int64_t limit) {
   auto* f = static_cast<unsigned long long*>(flag.data_ptr());
   cudaStream_t s = stream(dev);
   FFN_CHECK_CUDA(cudaMemsetAsync(f, 0xff, sizeof(unsigned long long), s));
-  bad_index_kernel<<<grid_for(n, 256, 4096), 256, 0, s>>>(static_cast<const int32_t*>(ids.data_ptr()),
-                                                        n, limit, f);
+  bad_index_kernel<<<grid_for(n, 256, 4096), 256, 0, s>>>(
+      static_cast<const int32_t*>(ids.data_ptr()), n, limit, f);
   FFN_CHECK_LAUNCH();
   unsigned long long host = 0;
   FFN_CHECK_CUDA(cudaMemcpyAsync(&host, f, sizeof(host), cudaMemcpyDeviceToHost, s));
@@ -114,12 +151,21 @@ void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table)
   Tensor temp = Tensor::empty({static_cast<int64_t>(temp_bytes / 4) + 1}, DType::i32, d);
   FFN_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, k_in, k_out, p_in,
                                                  p_out, static_cast<int>(n), 0, end_bit, s));
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const DType acc_dt = acc_dtype(d_table.dtype());
+  Tensor head = Tensor::empty({chunks, c}, acc_dt, d), tail = Tensor::empty({chunks, c}, acc_dt, d);
   FFN_DISPATCH_ALL(d_table.dtype(), "embedding_backward", [&]<class H>() {
     using T = device_t<H>;
+    using A = acc_t<T>;
     const int threads = static_cast<int>(std::min<int64_t>(256, (c + 31) / 32 * 32));
-    segment_sum_kernel<T><<<static_cast<unsigned>(n), threads, 0, s>>>(
-        k_out, p_out, static_cast<const T*>(d_out.data_ptr()), static_cast<T*>(d_table.data_ptr()),
-        n, c);
+    auto* table = static_cast<T*>(d_table.data_ptr());
+    chunk_sum_kernel<T, A><<<static_cast<unsigned>(chunks), threads, 0, s>>>(
+        k_out, p_out, static_cast<const T*>(d_out.data_ptr()), table,
+        static_cast<A*>(head.data_ptr()), static_cast<A*>(tail.data_ptr()), n, c);
+    FFN_CHECK_LAUNCH();
+    chunk_join_kernel<T, A><<<static_cast<unsigned>(chunks), threads, 0, s>>>(
+        k_out, table, static_cast<const A*>(head.data_ptr()),
+        static_cast<const A*>(tail.data_ptr()), n, c);
     FFN_CHECK_LAUNCH();
   });
 }
