@@ -8,8 +8,14 @@
 //           dv = pdᵀ·dy,  dpd = dy·vᵀ,  ds = causal_softmax_backward(p, dpd),
 //           dq = ds·k,  dk = dsᵀ·q,  dqkv = merge of [dq|dk|dv].
 // Saved between the passes: the head-split q, k, v and p (never s, pd or the mask).
+//
+// On the GPU, for bf16/f16 and the head sizes kernels/attention.h covers, the same math runs
+// as one fused (flash-style) kernel per pass instead: it reads q, k, v straight from qkv,
+// writes y in [B, T, C], and saves only qkv, y and the row log-sum-exp. Both paths drop the
+// same attention entries for the same spec.
 #include <cmath>
 
+#include "kernels/attention.h"
 #include "kernels/bias_dropout.h"
 #include "kernels/gemm.h"
 #include "kernels/softmax.h"
@@ -38,8 +44,8 @@ class AttentionNode final : public Node {
     const Tensor q = split_.narrow(0, 0, 1).reshape({bh, t, d});
     const Tensor k = split_.narrow(0, 1, 1).reshape({bh, t, d});
     const Tensor v = split_.narrow(0, 2, 1).reshape({bh, t, d});
-    const Tensor dy = d_out.reshape({b, t, h, d}).permute({0, 2, 1, 3}).contiguous().reshape(
-        {bh, t, d});
+    const Tensor dy =
+        d_out.reshape({b, t, h, d}).permute({0, 2, 1, 3}).contiguous().reshape({bh, t, d});
     Tensor pd = p_;
     if (drop_.active()) {
       pd = Tensor::empty(p_.shape(), dt, dev);
@@ -73,15 +79,46 @@ class AttentionNode final : public Node {
   Tensor p_;      // [B·H, T, T], before dropout
 };
 
+class FusedAttentionNode final : public Node {
+ public:
+  FusedAttentionNode(int64_t heads, DropoutSpec drop, Tensor qkv, Tensor y, Tensor lse)
+      : heads_(heads), drop_(drop), qkv_(std::move(qkv)), y_(std::move(y)), lse_(std::move(lse)) {}
+  const char* name() const override { return "causal_attention(fused)"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(y_.size(2) / heads_));
+    Tensor dqkv = Tensor::empty(qkv_.shape(), qkv_.dtype(), qkv_.device());
+    fused_attention_backward(qkv_, y_, d_out, lse_, heads_, scale, drop_, dqkv);
+    return {dqkv};
+  }
+  void release() override { qkv_ = y_ = lse_ = Tensor(); }
+  size_t saved_bytes() const override {
+    return qkv_.defined() ? qkv_.nbytes() + y_.nbytes() + lse_.nbytes() : 0;
+  }
+
+ private:
+  int64_t heads_;
+  DropoutSpec drop_;
+  Tensor qkv_, y_, lse_;
+};
+
 }  // namespace
 
-Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout) {
+Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout, bool fused) {
   const Tensor& x = qkv.value();
   FFN_CHECK(x.dim() == 3, "[causal_attention] qkv must be [B, T, 3C], got ", x.desc());
-  FFN_CHECK(heads > 0 && x.size(2) % (3 * heads) == 0, "[causal_attention] qkv.shape[-1]=",
-            x.size(2), " is not 3·heads·head_dim for heads=", heads);
+  FFN_CHECK(heads > 0 && x.size(2) % (3 * heads) == 0,
+            "[causal_attention] qkv.shape[-1]=", x.size(2),
+            " is not 3·heads·head_dim for heads=", heads);
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3, d = c / heads, bh = b * heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  if (fused && x.is_cuda() && fused_attention_supported(x.dtype(), t, d)) {
+    const Tensor xc = x.contiguous();
+    Tensor y = Tensor::empty({b, t, c}, x.dtype(), x.device());
+    Tensor lse = Tensor::empty({bh, t}, DType::f32, x.device());
+    fused_attention(xc, heads, scale, attn_dropout, y, lse);
+    return make_output(y, std::make_shared<FusedAttentionNode>(heads, attn_dropout, xc, y, lse),
+                       {qkv});
+  }
   const Tensor split =
       x.reshape({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4}).contiguous().reshape({3, bh, t, d});
   const Tensor q = split.narrow(0, 0, 1).reshape({bh, t, d});
@@ -95,10 +132,10 @@ Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_drop
   const Tensor y = bmm(pd.defined() ? pd : p, v);
   const Tensor out =
       y.reshape({b, heads, t, d}).permute({0, 2, 1, 3}).contiguous().reshape({b, t, c});
-  return make_output(out,
-                     std::make_shared<AttentionNode>(Dims{b, t, c, heads, d}, attn_dropout, split,
-                                                     std::move(p)),
-                     {qkv});
+  return make_output(
+      out,
+      std::make_shared<AttentionNode>(Dims{b, t, c, heads, d}, attn_dropout, split, std::move(p)),
+      {qkv});
 }
 
 }  // namespace ffn::fn

@@ -36,8 +36,11 @@ Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.
 Var cross_entropy(const Var& logits, const Tensor& targets);
 // Causal multi-head self-attention core: qkv [B, T, 3C] (q | k | v, heads of C/heads
-// columns each) → [B, T, C] = concat_h(dropout(softmax(q_h k_hᵀ/√d)) v_h). One node; it
-// saves the head-split q, k, v and the attention probabilities (layers/attention.cpp).
-Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout);
+// columns each) → [B, T, C] = concat_h(dropout(softmax(q_h k_hᵀ/√d)) v_h). One node. With
+// `fused` (the default), bf16/f16 on the GPU runs the flash-style kernels of
+// kernels/attention.h where they cover the shape; otherwise batched GEMMs and the fused
+// causal softmax, saving the head-split q, k, v and the probabilities (layers/attention.cpp).
+Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout,
+                     bool fused = true);
 
 }  // namespace ffn::fn

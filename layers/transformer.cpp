@@ -68,7 +68,7 @@ Var CausalSelfAttention::forward_impl(const Var& x) {
   const bool train = is_training();
   const DropoutSpec attn = train && opt_.attn_dropout > 0 ? rng_->dropout(opt_.attn_dropout)
                                                           : DropoutSpec{};
-  Var y = fn::causal_attention(c_attn_.forward(x), opt_.heads, attn);
+  Var y = fn::causal_attention(c_attn_.forward(x), opt_.heads, attn, opt_.fused);
   y = c_proj_.forward(y);
   if (train && opt_.resid_dropout > 0) y = fn::dropout(y, rng_->dropout(opt_.resid_dropout));
   return y;
@@ -90,8 +90,9 @@ double proj_std(const GptConfig& cfg) {
   return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.layers));
 }
 AttentionOptions attn_opts(const GptConfig& cfg) {
-  return AttentionOptions{cfg.d_model,  cfg.heads,      cfg.dropout, cfg.dropout,
-                          cfg.bias,     cfg.init_std,   proj_std(cfg), cfg.place};
+  return AttentionOptions{cfg.d_model, cfg.heads,     cfg.dropout,   cfg.dropout,
+                          cfg.bias,    cfg.init_std,  proj_std(cfg), cfg.place,
+                          cfg.fused_attention};
 }
 }  // namespace
 

@@ -47,6 +47,7 @@ struct AttentionOptions {
   double init_std = 0.02;
   double proj_init_std = 0.02;  // c_proj (GPT-2 scales it by 1/√(2·layers))
   ParamInit place;
+  bool fused = true;  // flash-style kernels where they apply (fn::causal_attention)
 };
 
 // x [B, T, C] → c_proj(attention(c_attn(x))) with causal masking.
@@ -84,6 +85,9 @@ struct GptConfig {
   // stream]); false keeps it in the parameters' dtype (fewer bytes moved, ~6% faster on
   // shakespeare_char, bench/RESULTS.md).
   bool fp32_residual = true;
+  // Attention as the fused flash-style kernels on the GPU where they apply (bf16/f16, head
+  // size 32/64/128); false keeps batched GEMMs + causal softmax (fn::causal_attention).
+  bool fused_attention = true;
   ParamInit place;
 };
 

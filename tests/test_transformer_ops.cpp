@@ -1,9 +1,11 @@
 // tests/test_transformer_ops.cpp — the transformer ops' CPU references (embedding,
-// layer_norm, cross_entropy, causal softmax/attention, batched GEMM, AdamW): direct
-// formulas, fp64 finite differences, and their argument checks. Part of test_kernels.
+// layer_norm, cross_entropy, causal softmax/attention, fused attention, batched GEMM,
+// AdamW): direct formulas, fp64 finite differences, and their argument checks. Part of
+// test_kernels.
 #include <cmath>
 
 #include "kernels/adamw.h"
+#include "kernels/attention.h"
 #include "kernels/bias_dropout.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
@@ -175,6 +177,80 @@ TEST_CASE("causal_attention passes FD checks with and without attention dropout"
   check_close(y2.narrow(1, 0, 5), y1.narrow(1, 0, 5), 0, 0, "positions 0..4 ignore position 5");
   CHECK_THROWS_WITH_AS(fn::causal_attention(Var(rand64({1, 3, 12}, g)), 5, {}),
                        doctest::Contains("[causal_attention] qkv.shape[-1]=12 is not"), Error);
+}
+
+namespace {
+// The fused attention op's CPU reference as an autograd node, so gradcheck can take its
+// finite differences (the layer uses the composite path on the CPU).
+class RefAttentionNode final : public Node {
+ public:
+  RefAttentionNode(Tensor qkv, Tensor y, Tensor lse, int64_t h, DropoutSpec d)
+      : qkv_(std::move(qkv)), y_(std::move(y)), lse_(std::move(lse)), h_(h), d_(d) {}
+  const char* name() const override { return "ref_attention"; }
+  std::vector<Tensor> backward(Tensor g) override {
+    Tensor dqkv = Tensor::empty(qkv_.shape(), qkv_.dtype());
+    fused_attention_backward(qkv_, y_, g, lse_, h_, scale(), d_, dqkv);
+    return {dqkv};
+  }
+  void release() override {}
+  size_t saved_bytes() const override { return 0; }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(y_.size(2) / h_)); }
+
+ private:
+  Tensor qkv_, y_, lse_;
+  int64_t h_;
+  DropoutSpec d_;
+};
+
+Var ref_attention(const Var& qkv, int64_t h, const DropoutSpec& d, Tensor* lse_out = nullptr) {
+  const Tensor& x = qkv.value();
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3;
+  Tensor y = Tensor::empty({b, t, c}, x.dtype()), lse = Tensor::empty({b * h, t}, DType::f32);
+  fused_attention(x, h, 1.0 / std::sqrt(static_cast<double>(c / h)), d, y, lse);
+  if (lse_out) *lse_out = lse;
+  return make_output(y, std::make_shared<RefAttentionNode>(x, y, lse, h, d), {qkv});
+}
+}  // namespace
+
+TEST_CASE("fused_attention's CPU reference: FD checks, equal to the composite path, lse") {
+  Generator g(27);
+  struct Case {
+    int64_t b, t, c, h;
+  };
+  for (Case cs : {Case{1, 1, 2, 1}, Case{2, 5, 6, 2}, Case{1, 9, 12, 3}})
+    for (float p : {0.0f, 0.3f}) {
+      const DropoutSpec d{p, 11, 2};
+      gradcheck([&](const std::vector<Var>& in) { return ref_attention(in[0], cs.h, d); },
+                {rand64({cs.b, cs.t, 3 * cs.c}, g)}, {"qkv"});
+      // Same math and the same dropped entries as bmm + causal_softmax + bmm.
+      const Tensor qkv = rand64({cs.b, cs.t, 3 * cs.c}, g), dy = rand64({cs.b, cs.t, cs.c}, g);
+      Var a(qkv, true), b(qkv, true);
+      Tensor lse;
+      Var ya = ref_attention(a, cs.h, d, &lse), yb = fn::causal_attention(b, cs.h, d);
+      ya.backward(dy);
+      yb.backward(dy);
+      check_close(ya.value(), yb.value(), 1e-12, 1e-12, "fused reference y == composite y");
+      check_close(a.grad(), b.grad(), 1e-12, 1e-12, "fused reference dqkv == composite dqkv");
+      // lse of query 0 is its single scaled score q0·k0/√d.
+      const int64_t hd = cs.c / cs.h;
+      const std::vector<double> x = qkv.to_vector(), l = lse.to_vector();
+      for (int64_t bi = 0; bi < cs.b; ++bi)
+        for (int64_t h = 0; h < cs.h; ++h) {
+          const double* row = x.data() + bi * cs.t * 3 * cs.c;  // query 0 of batch bi
+          double dot = 0;
+          for (int64_t k = 0; k < hd; ++k) dot += row[h * hd + k] * row[cs.c + h * hd + k];
+          CHECK(l[(bi * cs.h + h) * cs.t] ==
+                doctest::Approx(dot / std::sqrt(static_cast<double>(hd))).epsilon(1e-6));
+        }
+    }
+  Tensor y = Tensor::empty({1, 3, 4}, DType::f64), lse = Tensor::empty({2, 3}, DType::f32);
+  CHECK_THROWS_WITH_AS(fused_attention(rand64({1, 3, 12}, g), 5, 0.5, {}, y, lse),
+                       doctest::Contains("[fused_attention] qkv.shape[-1]=12 is not"), Error);
+  Tensor bad_lse = Tensor::empty({2, 3}, DType::f64);
+  CHECK_THROWS_WITH_AS(fused_attention(rand64({1, 3, 12}, g), 2, 0.5, {}, y, bad_lse),
+                       doctest::Contains("[fused_attention] lse must be a contiguous f32"), Error);
+  CHECK_THROWS_WITH_AS(fused_attention(rand64({1, 3, 12}, g), 2, -1.0, {}, y, lse),
+                       doctest::Contains("[fused_attention] scale must be > 0"), Error);
 }
 
 TEST_CASE("bmm equals one gemm per batch entry, all transposes") {

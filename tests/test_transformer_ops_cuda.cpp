@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/adamw.h"
+#include "kernels/attention.h"
 #include "kernels/bias_dropout.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
@@ -209,6 +210,97 @@ FFN_GPU_TEST("causal_attention and bmm on the GPU match the CPU (forward and bac
   const Tensor a = rand64({3, 5, 4}, g).to(DType::f32), bb = rand64({3, 6, 4}, g).to(DType::f32);
   check_close(bmm(a.to(kGpu), bb.to(kGpu), {.trans_b = true}).to(Device::cpu()),
               bmm(a, bb, {.trans_b = true}), 1e-6, 1e-5, "bmm");
+}
+
+// The flash-style kernels against the f64 reference on the same rounded inputs, with the
+// bf16/f16 rule: at most 2x the error of the same math done naively at that precision —
+// here the composite path (bmm, causal_softmax with rounded scores and probabilities, bmm)
+// run on the GPU in the same dtype. Odd T (partial tiles), T across several 64-tiles, the
+// 32-row forward tiles of long sequences, head sizes 32/64/128, dropout off and on.
+FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dropout)") {
+  Generator g(38);
+  struct Case {
+    int64_t b, t, h, d;
+  };
+  for (Case cs : {Case{1, 1, 1, 64}, Case{2, 7, 3, 32}, Case{1, 100, 2, 64}, Case{2, 256, 3, 64},
+                  Case{1, 130, 2, 128}, Case{1, 1100, 1, 64}})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (float p : {0.0f, 0.2f}) {
+        CAPTURE(cs.t);
+        CAPTURE(cs.d);
+        CAPTURE(p);
+        std::string tag = " ";
+        tag += dtype_name(dt);
+        tag += " T=" + std::to_string(cs.t);
+        REQUIRE(fused_attention_supported(dt, cs.t, cs.d));
+        const int64_t c = cs.h * cs.d;
+        const DropoutSpec d{p, 5, 9};
+        const Tensor qkv = rand64({cs.b, cs.t, 3 * c}, g).to(dt).to(DType::f64);
+        const Tensor dy = rand64({cs.b, cs.t, c}, g).to(dt).to(DType::f64);
+        auto run = [&](Device dev, DType type, bool fused) {
+          Var x(qkv.to(type).to(dev), true);
+          Var y = fn::causal_attention(x, cs.h, d, fused);
+          y.backward(dy.to(type).to(dev));
+          return std::vector<Tensor>{y.value().to(Device::cpu()).to(DType::f64),
+                                     x.grad().to(Device::cpu()).to(DType::f64)};
+        };
+        // f64 reference: the op's CPU reference (equal to the composite path, CPU tests).
+        Tensor y64 = Tensor::empty({cs.b, cs.t, c}, DType::f64);
+        Tensor lse64 = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32);
+        Tensor dqkv64 = Tensor::empty(qkv.shape(), DType::f64);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
+        fused_attention(qkv, cs.h, scale, d, y64, lse64);
+        fused_attention_backward(qkv, y64, dy, lse64, cs.h, scale, d, dqkv64);
+        const auto fused = run(kGpu, dt, true), naive = run(kGpu, dt, false);
+        // ds_ij = p_ij (dp_ij − D_i) uses D_i = dy_i·y_i with the stored 16-bit y (as
+        // FlashAttention does): its rounding, at most u·Σ_d|dy_id·y_id| (u = 2^-8 for bf16,
+        // 2^-11 for f16), reaches dq_i (and dk_j) through scale·Σ_j p_ij·k_j, so the
+        // gradient may be off by u·scale·max_i Σ_d|dy·y|·max|qkv| beyond the naive error
+        // (it matters where the exact ds is ~0, e.g. T = 1, which the naive path gets exact).
+        double dmax = 0;
+        {
+          const std::vector<double> yv = y64.to_vector(), gv = dy.to_vector();
+          for (size_t r = 0; r < yv.size() / cs.d; ++r) {
+            double acc = 0;
+            for (int64_t k = 0; k < cs.d; ++k) acc += std::abs(yv[r * cs.d + k] * gv[r * cs.d + k]);
+            dmax = std::max(dmax, acc);
+          }
+        }
+        const double u = std::ldexp(1.0, dt == DType::bf16 ? -8 : -11);
+        const double d_term = u * dmax * max_abs(qkv) / std::sqrt(static_cast<double>(cs.d));
+        const char* names[2] = {"y", "dqkv"};
+        const Tensor ref[2] = {y64, dqkv64};
+        for (int k = 0; k < 2; ++k) {
+          for (double v : fused[k].to_vector()) REQUIRE_MESSAGE(std::isfinite(v), names[k], tag);
+          const double err = max_abs_diff(fused[k], ref[k]);
+          const double naive_err = max_abs_diff(naive[k], ref[k]);
+          CHECK_MESSAGE(err <= 2 * naive_err + (k == 1 ? d_term : 0.0) + 1e-6 * max_abs(ref[k]),
+                        "fused attention ", names[k], tag, " p=", p, ": error ", err, " vs naive ",
+                        naive_err, " (D term ", d_term, ")");
+        }
+        // lse straight from the kernel: fp32 statistics of the same scores.
+        Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
+        Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
+        const Tensor xg = qkv.to(dt).to(kGpu);
+        fused_attention(xg, cs.h, scale, d, y, lse);
+        check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
+        // Deterministic: a second backward gives the same bits.
+        Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu), g2 = Tensor::empty(xg.shape(), dt, kGpu);
+        const Tensor dyg = dy.to(dt).to(kGpu);
+        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1);
+        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2);
+        CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
+                                   g2.to(Device::cpu()).to(DType::f64)) == 0.0,
+                      "backward is deterministic", tag);
+      }
+  CHECK_FALSE(fused_attention_supported(DType::f32, 256, 64));
+  CHECK_FALSE(fused_attention_supported(DType::bf16, 256, 48));
+  Tensor y = Tensor::empty({1, 4, 48}, DType::bf16, kGpu),
+         lse = Tensor::empty({1, 4}, DType::f32, kGpu);
+  CHECK_THROWS_WITH_AS(
+      fused_attention(Tensor::zeros({1, 4, 144}, DType::bf16, kGpu), 1, 0.1, {}, y, lse),
+      doctest::Contains("[fused_attention] the CUDA kernel takes bf16/f16, head_dim 32, 64 or 128"),
+      Error);
 }
 
 FFN_GPU_TEST("multi-tensor AdamW and grad norm on the GPU match the CPU") {

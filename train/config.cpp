@@ -146,6 +146,7 @@ std::vector<Field> fields(Config& c) {
       int_field("runtime.nproc", c.runtime.nproc, 1, ">= 1"),
       bool_field("runtime.gemm_autotune", c.runtime.gemm_autotune),
       bool_field("runtime.fp32_residual", c.runtime.fp32_residual),
+      bool_field("runtime.fused_attention", c.runtime.fused_attention),
       str_field("data.kind", c.data.kind, {"synthetic", "text", "tokens"}),
       str_field("data.path", c.data.path, {}),
       str_field("data.val_path", c.data.val_path, {}),

@@ -32,6 +32,7 @@ struct RuntimeSection {
   int64_t nproc = 1;
   bool gemm_autotune = false;  // time cuBLASLt candidates (faster; resume no longer bit-exact)
   bool fp32_residual = true;   // bf16/fp16 runs: residual stream in fp32 (as PyTorch autocast)
+  bool fused_attention = true;  // GPU bf16/fp16: flash-style attention kernels where they apply
 };
 
 struct DataSection {

@@ -126,6 +126,7 @@ GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
   g.dropout = static_cast<float>(c.model.dropout);
   g.bias = c.model.bias;
   g.fp32_residual = c.runtime.fp32_residual;
+  g.fused_attention = c.runtime.fused_attention;
   g.place = ParamInit{dt, dev};
   return g;
 }

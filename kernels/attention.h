@@ -1,0 +1,53 @@
+// kernels/attention.h — fused causal multi-head attention (flash-style: the [T, T] scores
+// and probabilities never reach global memory), forward and backward, with the attention
+// dropout drawn in-kernel and regenerated in backward.
+//
+// Layouts are the ones the projections produce and consume, so no head split/merge copies:
+//   qkv [B, T, 3·H·D]  (q | k | v, each H heads of D columns), y and dy [B, T, H·D],
+//   lse [B·H, T] f32   (the row log-sum-exp of the scaled scores, saved for backward).
+// For head h of batch b (bh = b·H + h), query i, key j ≤ i:
+//   s_ij = scale·q_i·k_j;  p_ij = exp(s_ij − lse_i);  lse_i = log Σ_{j≤i} exp(s_ij)
+//   pd_ij = p_ij · mask_ij/(1−p_drop);  y_i = Σ_j pd_ij v_j
+// backward (D_i = dy_i·y_i = Σ_j pd_ij·dpd_ij):
+//   dpd_ij = dy_i·v_j;  ds_ij = p_ij (dpd_ij·mask_ij/(1−p_drop) − D_i)
+//   dq_i = scale Σ_j ds_ij k_j;  dk_j = scale Σ_i ds_ij q_i;  dv_j = Σ_i pd_ij dy_i
+// The mask of (bh, i, j) is draw (bh·T + i)·T + j of the spec's stream (Note [Dropout RNG]):
+// the same element numbering as causal_softmax on [B·H, T, T] scores, so this op and the
+// composite path (bmm + causal_softmax + bmm) drop the same entries.
+//
+// The CPU reference recomputes everything in f64 (it ignores y and lse in backward). The
+// CUDA kernels take bf16/f16 with head_dim 32, 64 or 128 (fused_attention_supported); they
+// use tensor cores with fp32 accumulation and are deterministic (no atomics: dK/dV and dQ
+// come from two kernels that each recompute the probabilities).
+#pragma once
+
+#include "core/philox.h"
+#include "core/tensor.h"
+
+namespace ffn {
+
+// True when the CUDA kernels cover this dtype, head_dim and sequence length.
+bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim);
+
+void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
+                     Tensor& y, Tensor& lse);
+void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
+                              const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
+                              Tensor& dqkv);
+
+namespace cpu {
+void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
+                     Tensor& y, Tensor& lse);
+void fused_attention_backward(const Tensor& qkv, const Tensor& dy, int64_t heads, double scale,
+                              const DropoutSpec& d, Tensor& dqkv);
+}  // namespace cpu
+namespace cuda {
+bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim);
+void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
+                     Tensor& y, Tensor& lse);
+void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
+                              const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
+                              Tensor& dqkv);
+}  // namespace cuda
+
+}  // namespace ffn
