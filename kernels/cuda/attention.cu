@@ -41,15 +41,16 @@ template <class T>
 using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// 8 floats at a 16-byte aligned address.
+__device__ __forceinline__ void load8f(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
 // Dropout multipliers of draws e0 … e0+7 (Note [Attention mask draws]).
@@ -74,17 +75,31 @@ __device__ __forceinline__ void mask8(const DeviceMask& m, uint64_t e0, float (&
   }
 }
 
-// rows×D tile of a row-major matrix (row stride ld) starting at row r0, into shared memory
-// with row stride D+8; rows ≥ t are zeros.
+// Asynchronous 16-byte global → shared copies (cp.async, sm_80+); a copy with valid =
+// false writes zeros. Tiles are double-buffered: the next tile's copies are in flight
+// while the current one is used.
+__device__ __forceinline__ void cp_async16(void* sm, const void* g, bool valid) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(sm));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(g),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Starts copying a rows×D tile of a row-major matrix (row stride ld), rows [r0, r0+rows),
+// into shared memory with row stride D+8; rows ≥ t become zeros.
 template <int D, class T>
 __device__ __forceinline__ void load_tile(T* sm, const T* g, int64_t ld, int64_t r0, int64_t t,
                                           int rows) {
   constexpr int V = D / 8;
   for (int idx = threadIdx.x; idx < rows * V; idx += blockDim.x) {
     const int r = idx / V, c = (idx % V) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < t) v = *reinterpret_cast<const uint4*>(g + (r0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(sm + r * (D + 8) + c) = v;
+    const bool ok = r0 + r < t;
+    cp_async16(sm + r * (D + 8) + c, ok ? g + (r0 + r) * ld + c : g, ok);
   }
 }
 
@@ -119,8 +134,8 @@ __device__ __forceinline__ void store_rows(FragC (&acc)[D / 16], float mul, floa
 // Forward.
 
 template <int D, int BM>
-constexpr size_t fwd_smem_fixed() {
-  return static_cast<size_t>(BM + kBN) * (D + 8) * 2;
+constexpr size_t fwd_smem_fixed() {  // Q and two K/V tiles
+  return static_cast<size_t>(BM + 2 * kBN) * (D + 8) * 2;
 }
 inline int64_t fwd_sld(int64_t t, int d) {  // fp32 row stride of the score block
   const int64_t cols = (t + kBN - 1) / kBN * kBN;
@@ -134,8 +149,8 @@ __global__ void __launch_bounds__(BM * 2)
   constexpr int LD = D + 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
-  T* ks = qs + BM * LD;
-  float* ss = reinterpret_cast<float*>(ks + kBN * LD);
+  T* kv[2] = {qs + BM * LD, qs + (BM + kBN) * LD};  // K tiles, then V tiles
+  float* ss = reinterpret_cast<float*>(qs + (BM + 2 * kBN) * LD);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int h = static_cast<int>(bh % heads);
@@ -145,12 +160,20 @@ __global__ void __launch_bounds__(BM * 2)
   const T* kg = qg + static_cast<int64_t>(heads) * D;
   const T* vg = kg + static_cast<int64_t>(heads) * D;
   const int nkt = static_cast<int>(((t < q0 + BM ? t : q0 + BM) + kBN - 1) / kBN);
+  // Tile u of the stream K_0 … K_{n-1}, V_0 … V_{n-1} goes to kv[u % 2].
+  auto fetch = [&](int u) {
+    if (u < 2 * nkt)
+      load_tile<D>(kv[u & 1], u < nkt ? kg : vg, ld, static_cast<int64_t>(u % nkt) * kBN, t, kBN);
+    cp_commit();
+  };
 
   load_tile<D>(qs, qg, ld, q0, t, BM);
+  fetch(0);
   for (int kt = 0; kt < nkt; ++kt) {
+    fetch(kt + 1);
+    cp_wait<1>();
     __syncthreads();
-    load_tile<D>(ks, kg, ld, static_cast<int64_t>(kt) * kBN, t, kBN);
-    __syncthreads();
+    const T* ks = kv[kt & 1];
     FragC acc[kBN / 16];
 #pragma unroll
     for (int n = 0; n < kBN / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
@@ -169,57 +192,64 @@ __global__ void __launch_bounds__(BM * 2)
     for (int n = 0; n < kBN / 16; ++n)
       wmma::store_matrix_sync(ss + warp * 16 * sld + kt * kBN + n * 16, acc[n], sld,
                               wmma::mem_row_major);
+    __syncthreads();  // kv[kt % 2] is refilled next iteration
   }
-  __syncwarp();
 
-  // Exact softmax of the warp's 16 rows; pd overwrites the row's scores in place (16-bit
-  // entry j sits in the bytes of float j/2, read before: a warp reads a 256-column chunk
-  // completely before it writes it).
-  const int ncols = nkt * kBN;
-  for (int r = 0; r < 16; ++r) {
+  // Exact softmax of the warp's 16 rows, two lanes per row (lane r and r+16 take alternate
+  // 8-column groups); pd overwrites the row's scores in place: 16-bit column j lies in the
+  // bytes of float j/2, and a step writes only floats that every lane has read already
+  // (step k reads floats ≥ 16k, writes floats < 8k + 8; __syncwarp between).
+  {
+    const int r = lane & 15, hf = lane >> 4;
     const int64_t i = q0 + warp * 16 + r;
     float* row = ss + (warp * 16 + r) * sld;
     T* prow = reinterpret_cast<T*>(row);
     const int valid = i < t ? static_cast<int>(i + 1) : 0;
+    const int ncols = nkt * kBN;
     float mx = -INFINITY;
-    for (int j = lane; j < valid; j += 32) mx = fmaxf(mx, row[j]);
-    mx = warp_max(mx) * scale;
-    float sum = 0.0f;
-    for (int j = lane; j < valid; j += 32) sum += __expf(row[j] * scale - mx);
-    sum = warp_sum(sum);
-    const float inv = 1.0f / sum;
-    if (lane == 0 && i < t) lse[bh * t + i] = mx + logf(sum);
-    const uint64_t e_row = (static_cast<uint64_t>(bh) * t + i) * t;
-    for (int base = 0; base < ncols; base += 256) {
-      const int c0 = base + lane * 8;
-      const bool in = c0 < ncols;
+    for (int c0 = 8 * hf; c0 < valid; c0 += 16) {
       float v[8];
-      if (in) {
+      load8f(row + c0, v);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = row[c0 + j];
-      }
-      __syncwarp();
-      if (in) {
-        float f[8] = {};
-        if (c0 < valid) mask8(mask, e_row + c0, f);
+      for (int j = 0; j < 8; ++j)
+        if (c0 + j < valid) mx = fmaxf(mx, v[j]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16)) * scale;
+    float sum = 0.0f;
+    for (int c0 = 8 * hf; c0 < valid; c0 += 16) {
+      float v[8];
+      load8f(row + c0, v);
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          v[j] = c0 + j < valid ? __expf(v[j] * scale - mx) * inv * f[j] : 0.0f;
-        store_vec<8>(prow + c0, v);
-      }
+      for (int j = 0; j < 8; ++j)
+        if (c0 + j < valid) sum += __expf(v[j] * scale - mx);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    const float inv = 1.0f / sum;
+    if (hf == 0 && i < t) lse[bh * t + i] = mx + logf(sum);
+    const uint64_t e_row = (static_cast<uint64_t>(bh) * t + i) * t;
+    for (int c0 = 8 * hf; c0 < ncols; c0 += 16) {  // the same trip count in every lane
+      float v[8], f[8] = {};
+      load8f(row + c0, v);
       __syncwarp();
+      if (c0 < valid) mask8(mask, e_row + c0, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        v[j] = c0 + j < valid ? __expf(v[j] * scale - mx) * inv * f[j] : 0.0f;
+      store_vec<8>(prow + c0, v);
     }
   }
+  __syncwarp();
 
-  // O = pd·V over the same key tiles.
+  // O = pd·V over the same key tiles (V_0 has been in flight during the softmax).
   FragC o[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(o[n], 0.0f);
   const T* prow0 = reinterpret_cast<const T*>(ss + warp * 16 * sld);
   for (int kt = 0; kt < nkt; ++kt) {
+    fetch(nkt + kt + 1);
+    cp_wait<1>();
     __syncthreads();
-    load_tile<D>(ks, vg, ld, static_cast<int64_t>(kt) * kBN, t, kBN);
-    __syncthreads();
+    const T* vs = kv[(nkt + kt) & 1];
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       FragA<T> a;
@@ -227,12 +257,12 @@ __global__ void __launch_bounds__(BM * 2)
 #pragma unroll
       for (int n = 0; n < D / 16; ++n) {
         FragB<T> bv;
-        wmma::load_matrix_sync(bv, ks + kk * 16 * LD + n * 16, LD);
+        wmma::load_matrix_sync(bv, vs + kk * 16 * LD + n * 16, LD);
         wmma::mma_sync(o[n], a, bv, o[n]);
       }
     }
+    __syncthreads();
   }
-  __syncwarp();
   // Stage through the warp's own score rows (sld ≥ D + 4 floats each).
   float* stage = ss + warp * 16 * sld - warp * 16 * (D + 4);
   store_rows<D>(o, 1.0f, stage, y + b * t * heads * D + static_cast<int64_t>(h) * D,
@@ -259,8 +289,10 @@ __global__ void __launch_bounds__(256)
 
 template <int D>
 constexpr size_t bwd_smem() {
-  // 4 operand tiles, two fp32 64×68 tiles, two 16-bit 64×72 tiles, lse and D.
-  return 4 * static_cast<size_t>(64) * (D + 8) * 2 + 2 * 64 * 68 * 4 + 2 * 64 * 72 * 2 + 2 * 64 * 4;
+  // 6 operand tiles (2 fixed, 2 double-buffered), two fp32 64×68 tiles, two 16-bit 64×72
+  // tiles, lse and D (double-buffered).
+  return 6 * static_cast<size_t>(64) * (D + 8) * 2 + 2 * 64 * 68 * 4 + 2 * 64 * 72 * 2 +
+         4 * 64 * 4;
 }
 
 // The elementwise middle of both backward kernels for 8 consecutive keys of one query:
@@ -284,6 +316,16 @@ __device__ __forceinline__ Probs probs8(const float* s, const float* dpd, int st
   return out;
 }
 
+// lse and D of query rows [q0, q0+64) into shared memory (zeros past T).
+__device__ __forceinline__ void load_row_stats(float* lse_s, float* dsum_s, const float* lse,
+                                               const float* dsum, int64_t bh, int64_t q0,
+                                               int64_t t) {
+  for (int r = threadIdx.x; r < kBwdBM; r += blockDim.x) {
+    lse_s[r] = q0 + r < t ? lse[bh * t + q0 + r] : 0.0f;
+    dsum_s[r] = q0 + r < t ? dsum[bh * t + q0 + r] : 0.0f;
+  }
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(128)
     attn_bwd_dkv_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
@@ -292,14 +334,13 @@ __global__ void __launch_bounds__(128)
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kBN * LD;
-  T* qs = vs + kBN * LD;
-  T* dos = qs + BM * LD;
-  float* st = reinterpret_cast<float*>(dos + BM * LD);  // Sᵀ: [key][query]
-  float* dpt = st + kBN * SLD;                          // dPdᵀ
-  T* pt = reinterpret_cast<T*>(dpt + kBN * SLD);        // pdᵀ
-  T* dst = pt + kBN * PLD;                              // dSᵀ
-  float* lse_s = reinterpret_cast<float*>(dst + kBN * PLD);
-  float* dsum_s = lse_s + BM;
+  T* qbuf = vs + kBN * LD;           // Q tiles, double-buffered
+  T* dobuf = qbuf + 2 * BM * LD;     // dY tiles, double-buffered
+  float* st = reinterpret_cast<float*>(dobuf + 2 * BM * LD);  // Sᵀ: [key][query]
+  float* dpt = st + kBN * SLD;                                 // dPdᵀ
+  T* pt = reinterpret_cast<T*>(dpt + kBN * SLD);               // pdᵀ
+  T* dst = pt + kBN * PLD;                                     // dSᵀ
+  float* stats = reinterpret_cast<float*>(dst + kBN * PLD);    // [2][lse | D]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int h = static_cast<int>(bh % heads);
@@ -309,29 +350,41 @@ __global__ void __launch_bounds__(128)
   const T* kg = qg + ldy;
   const T* vg = kg + ldy;
   const T* dyg = dy + b * t * ldy + static_cast<int64_t>(h) * D;
+  const int64_t qfirst = k0 / BM * BM;
+  auto fetch = [&](int it) {  // query tile `it` (from qfirst) into buffer it % 2
+    const int64_t q0 = qfirst + static_cast<int64_t>(it) * BM;
+    if (q0 < t) {
+      const int nb = it & 1;
+      load_tile<D>(qbuf + nb * BM * LD, qg, ld, q0, t, BM);
+      load_tile<D>(dobuf + nb * BM * LD, dyg, ldy, q0, t, BM);
+      load_row_stats(stats + nb * 2 * BM, stats + nb * 2 * BM + BM, lse, dsum, bh, q0, t);
+    }
+    cp_commit();
+  };
 
   load_tile<D>(ks, kg, ld, k0, t, kBN);
   load_tile<D>(vs, vg, ld, k0, t, kBN);
+  fetch(0);
   FragC dk[D / 16], dv[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) {
     wmma::fill_fragment(dk[n], 0.0f);
     wmma::fill_fragment(dv[n], 0.0f);
   }
-  for (int64_t q0 = k0 / BM * BM; q0 < t; q0 += BM) {
+  for (int it = 0; qfirst + static_cast<int64_t>(it) * BM < t; ++it) {
+    const int64_t q0 = qfirst + static_cast<int64_t>(it) * BM;
+    fetch(it + 1);
+    cp_wait<1>();
     __syncthreads();
-    load_tile<D>(qs, qg, ld, q0, t, BM);
-    load_tile<D>(dos, dyg, ldy, q0, t, BM);
-    for (int r = threadIdx.x; r < BM; r += blockDim.x) {
-      lse_s[r] = q0 + r < t ? lse[bh * t + q0 + r] : 0.0f;
-      dsum_s[r] = q0 + r < t ? dsum[bh * t + q0 + r] : 0.0f;
-    }
-    __syncthreads();
+    const T* qs = qbuf + (it & 1) * BM * LD;
+    const T* dos = dobuf + (it & 1) * BM * LD;
+    const float* lse_s = stats + (it & 1) * 2 * BM;
+    const float* dsum_s = lse_s + BM;
     {  // Sᵀ = K·Qᵀ and dPdᵀ = V·dYᵀ for the warp's 16 keys.
-      FragC s[BM / 16], dp[BM / 16];
+      FragC sf[BM / 16], dp[BM / 16];
 #pragma unroll
       for (int n = 0; n < BM / 16; ++n) {
-        wmma::fill_fragment(s[n], 0.0f);
+        wmma::fill_fragment(sf[n], 0.0f);
         wmma::fill_fragment(dp[n], 0.0f);
       }
 #pragma unroll
@@ -343,14 +396,14 @@ __global__ void __launch_bounds__(128)
         for (int n = 0; n < BM / 16; ++n) {
           FragBT<T> bq, bdo;
           wmma::load_matrix_sync(bq, qs + n * 16 * LD + kk * 16, LD);
-          wmma::mma_sync(s[n], ak, bq, s[n]);
+          wmma::mma_sync(sf[n], ak, bq, sf[n]);
           wmma::load_matrix_sync(bdo, dos + n * 16 * LD + kk * 16, LD);
           wmma::mma_sync(dp[n], av, bdo, dp[n]);
         }
       }
 #pragma unroll
       for (int n = 0; n < BM / 16; ++n) {
-        wmma::store_matrix_sync(st + warp * 16 * SLD + n * 16, s[n], SLD, wmma::mem_row_major);
+        wmma::store_matrix_sync(st + warp * 16 * SLD + n * 16, sf[n], SLD, wmma::mem_row_major);
         wmma::store_matrix_sync(dpt + warp * 16 * SLD + n * 16, dp[n], SLD, wmma::mem_row_major);
       }
     }
@@ -382,7 +435,9 @@ __global__ void __launch_bounds__(128)
         wmma::mma_sync(dk[n], ads, bq, dk[n]);
       }
     }
+    __syncthreads();  // this buffer is refilled next iteration
   }
+  cp_wait<0>();
   __syncthreads();  // the staging below spans st and dpt of every warp
   T* dqk = dqkv + b * t * ld + static_cast<int64_t>(heads + h) * D;
   store_rows<D>(dk, scale, st, dqk, ld, k0, t);
@@ -398,11 +453,11 @@ __global__ void __launch_bounds__(128)
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
   T* dos = qs + BM * LD;
-  T* ks = dos + BM * LD;
-  T* vs = ks + kBN * LD;
-  float* ss = reinterpret_cast<float*>(vs + kBN * LD);  // S: [query][key]
-  float* dps = ss + BM * SLD;                           // dPd
-  T* dss = reinterpret_cast<T*>(dps + BM * SLD);        // dS
+  T* kbuf = dos + BM * LD;          // K tiles, double-buffered
+  T* vbuf = kbuf + 2 * kBN * LD;    // V tiles, double-buffered
+  float* ss = reinterpret_cast<float*>(vbuf + 2 * kBN * LD);  // S: [query][key]
+  float* dps = ss + BM * SLD;                                  // dPd
+  T* dss = reinterpret_cast<T*>(dps + BM * SLD);               // dS
   float* lse_s = reinterpret_cast<float*>(dss + BM * PLD);
   float* dsum_s = lse_s + BM;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -415,27 +470,33 @@ __global__ void __launch_bounds__(128)
   const T* vg = kg + ldy;
   const T* dyg = dy + b * t * ldy + static_cast<int64_t>(h) * D;
   const int nkt = static_cast<int>(((t < q0 + BM ? t : q0 + BM) + kBN - 1) / kBN);
+  auto fetch = [&](int kt) {  // key tile kt into buffer kt % 2
+    if (kt < nkt) {
+      load_tile<D>(kbuf + (kt & 1) * kBN * LD, kg, ld, static_cast<int64_t>(kt) * kBN, t, kBN);
+      load_tile<D>(vbuf + (kt & 1) * kBN * LD, vg, ld, static_cast<int64_t>(kt) * kBN, t, kBN);
+    }
+    cp_commit();
+  };
 
   load_tile<D>(qs, qg, ld, q0, t, BM);
   load_tile<D>(dos, dyg, ldy, q0, t, BM);
-  for (int r = threadIdx.x; r < BM; r += blockDim.x) {
-    lse_s[r] = q0 + r < t ? lse[bh * t + q0 + r] : 0.0f;
-    dsum_s[r] = q0 + r < t ? dsum[bh * t + q0 + r] : 0.0f;
-  }
+  load_row_stats(lse_s, dsum_s, lse, dsum, bh, q0, t);
+  fetch(0);
   FragC dq[D / 16];
 #pragma unroll
   for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
   for (int kt = 0; kt < nkt; ++kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * kBN;
+    fetch(kt + 1);
+    cp_wait<1>();
     __syncthreads();
-    load_tile<D>(ks, kg, ld, k0, t, kBN);
-    load_tile<D>(vs, vg, ld, k0, t, kBN);
-    __syncthreads();
+    const T* ks = kbuf + (kt & 1) * kBN * LD;
+    const T* vs = vbuf + (kt & 1) * kBN * LD;
     {  // S = Q·Kᵀ and dPd = dY·Vᵀ for the warp's 16 queries.
-      FragC s[kBN / 16], dp[kBN / 16];
+      FragC sf[kBN / 16], dp[kBN / 16];
 #pragma unroll
       for (int n = 0; n < kBN / 16; ++n) {
-        wmma::fill_fragment(s[n], 0.0f);
+        wmma::fill_fragment(sf[n], 0.0f);
         wmma::fill_fragment(dp[n], 0.0f);
       }
 #pragma unroll
@@ -447,14 +508,14 @@ __global__ void __launch_bounds__(128)
         for (int n = 0; n < kBN / 16; ++n) {
           FragBT<T> bk, bv;
           wmma::load_matrix_sync(bk, ks + n * 16 * LD + kk * 16, LD);
-          wmma::mma_sync(s[n], aq, bk, s[n]);
+          wmma::mma_sync(sf[n], aq, bk, sf[n]);
           wmma::load_matrix_sync(bv, vs + n * 16 * LD + kk * 16, LD);
           wmma::mma_sync(dp[n], ado, bv, dp[n]);
         }
       }
 #pragma unroll
       for (int n = 0; n < kBN / 16; ++n) {
-        wmma::store_matrix_sync(ss + warp * 16 * SLD + n * 16, s[n], SLD, wmma::mem_row_major);
+        wmma::store_matrix_sync(ss + warp * 16 * SLD + n * 16, sf[n], SLD, wmma::mem_row_major);
         wmma::store_matrix_sync(dps + warp * 16 * SLD + n * 16, dp[n], SLD, wmma::mem_row_major);
       }
     }
@@ -462,7 +523,6 @@ __global__ void __launch_bounds__(128)
     // Lane → (query, group of 8 keys).
     for (int idx = lane; idx < 16 * (kBN / 8); idx += 32) {
       const int r = warp * 16 + idx / (kBN / 8), c = (idx % (kBN / 8)) * 8;
-      // probs8 walks keys with a stride; here keys are adjacent (stride 1).
       const Probs pr = probs8(ss + r * SLD + c, dps + r * SLD + c, 1, q0 + r, k0 + c, t, bh, scale,
                               lse_s[r], dsum_s[r], mask);
       store_vec<8>(dss + r * PLD + c, pr.ds);
@@ -479,15 +539,18 @@ __global__ void __launch_bounds__(128)
         wmma::mma_sync(dq[n], ads, bk, dq[n]);
       }
     }
+    __syncthreads();  // this buffer is refilled next iteration
   }
+  cp_wait<0>();
   __syncthreads();  // the staging below spans ss and dps of every warp
   store_rows<D>(dq, scale, ss, dqkv + b * t * ld + static_cast<int64_t>(h) * D, ld, q0, t);
 }
 
 template <int D>
 constexpr size_t dq_smem() {
-  // 4 operand tiles, two fp32 64×68 tiles, one 16-bit 64×72 tile, lse and D.
-  return 4 * static_cast<size_t>(64) * (D + 8) * 2 + 2 * 64 * 68 * 4 + 64 * 72 * 2 + 2 * 64 * 4;
+  // 6 operand tiles (Q, dY, and K, V double-buffered), two fp32 64×68 tiles, one 16-bit
+  // 64×72 tile, lse and D.
+  return 6 * static_cast<size_t>(64) * (D + 8) * 2 + 2 * 64 * 68 * 4 + 64 * 72 * 2 + 2 * 64 * 4;
 }
 
 template <class F>
@@ -534,7 +597,7 @@ SmemLimits smem_limits() {
 
 size_t fwd_bytes(int bm, int64_t t, int d) {
   return static_cast<size_t>(bm) * 4 * static_cast<size_t>(fwd_sld(t, d)) +
-         static_cast<size_t>(bm + kBN) * (d + 8) * 2;
+         static_cast<size_t>(bm + 2 * kBN) * (d + 8) * 2;
 }
 
 // Query rows per forward block: 64 when two such blocks fit on an SM, else 32 when one

@@ -10,7 +10,8 @@
 //     take rows ty, ty+8, … and sum them in that order (Op::kUnroll rows are loaded
 //     at once, but added in row order); the 8 warp sums are added in warp order and
 //     written to partials[y][column];
-//  2. reduce_partials sums partials over y in order.
+//  2. reduce_partials sums partials over y: for each column, 8 lanes take chunks
+//     g, g+8, g+16, … (g = 0…7) in order, and their 8 sums are added in g order.
 // Chunking depends only on (M, N), never on the GPU or the vector width, so the
 // same shapes give bit-identical sums on any device and with or without 16-byte
 // vectors (the vector width only changes which thread owns a column).
@@ -175,13 +176,23 @@ __global__ void __launch_bounds__(32 * kRowwiseWarps, kMinBlocksPerSm)
   }
 }
 
+// Block: 32 columns × 8 chunk groups (Note [Deterministic column sums], stage 2).
 template <class A, class T>
-__global__ void reduce_partials_kernel(const A* partials, int64_t chunks, int64_t width, T* out) {
-  const int64_t c = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (c >= width) return;
+__global__ void __launch_bounds__(256)
+    reduce_partials_kernel(const A* partials, int64_t chunks, int64_t width, T* out) {
+  __shared__ A part[8][32];
+  const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
   A sum = A(0);
-  for (int64_t y = 0; y < chunks; ++y) sum += partials[y * width + c];
-  out[c] = from_acc<T>(sum);
+  if (c < width)
+    for (int64_t y = threadIdx.y; y < chunks; y += 8) sum += partials[y * width + c];
+  part[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < width) {
+    A total = part[0][threadIdx.x];
+#pragma unroll
+    for (int g = 1; g < 8; ++g) total += part[g][threadIdx.x];
+    out[c] = from_acc<T>(total);
+  }
 }
 
 // True when every pointer is 16-byte aligned and n is a multiple of `vec`.
@@ -227,8 +238,8 @@ void launch_rowwise(const Op& op, bool aligned, int64_t m, int64_t n, int device
       FFN_CHECK_CUDA(cudaMemsetAsync(sums, 0, width * sizeof(T), stream));
       return;
     }
-    reduce_partials_kernel<A, T><<<static_cast<unsigned>((width + 255) / 256), 256, 0, stream>>>(
-        part, rc.chunks, width, sums);
+    reduce_partials_kernel<A, T><<<static_cast<unsigned>((width + 31) / 32), dim3(32, 8), 0,
+                                   stream>>>(part, rc.chunks, width, sums);
     FFN_CHECK_LAUNCH();
   }
 }
