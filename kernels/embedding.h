@@ -16,7 +16,8 @@ namespace ffn {
 // check_ids = false skips the range check (a device sync on the GPU); only for ids the caller
 // built itself, e.g. positions 0..T-1 with T <= the table size.
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool check_ids = true);
-void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table);
+void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table,
+                        bool check_ids = true);
 
 namespace cpu {
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);

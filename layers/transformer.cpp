@@ -171,7 +171,7 @@ Tensor GPT::positions(int64_t b, int64_t t) {
   return pos_cache_;
 }
 
-Var GPT::hidden(const Tensor& ids) {
+Var GPT::hidden(const Tensor& ids, bool ids_in_range) {
   FFN_CHECK(ids.dim() == 2, "[gpt] ids must be [B, T], got ", ids.desc());
   FFN_CHECK(ids.size(1) >= 1 && ids.size(1) <= cfg_.context, "[gpt] sequence length ",
             ids.size(1), " must be in [1, context=", cfg_.context, "]");
@@ -179,21 +179,21 @@ Var GPT::hidden(const Tensor& ids) {
   // (embeddings, residual adds, LayerNorm inputs) is kept in fp32, as PyTorch's autocast
   // does; only the branches (attention, FFN, the LM head) run in 16 bits.
   const DType stream = cfg_.fp32_residual ? acc_dtype(cfg_.place.dtype) : cfg_.place.dtype;
-  Var x = fn::add(fn::cast(wte_.forward(ids), stream),
+  Var x = fn::add(fn::cast(wte_.forward(ids, !ids_in_range), stream),
                   wpe_.forward(positions(ids.size(0), ids.size(1)), /*check_ids=*/false));
   x = drop_.forward(x);
   for (auto& block : h_) x = block->forward(x);
   return ln_f_.forward(x);
 }
 
-Var GPT::forward(const Tensor& ids) {
-  return fn::linear(hidden(ids), wte_.weight(), Var());
+Var GPT::forward(const Tensor& ids, bool ids_in_range) {
+  return fn::linear(hidden(ids, ids_in_range), wte_.weight(), Var());
 }
 
-Var GPT::loss(const Tensor& ids, const Tensor& targets) {
+Var GPT::loss(const Tensor& ids, const Tensor& targets, bool ids_in_range) {
   FFN_CHECK(targets.shape() == ids.shape(), "[gpt] targets.shape=", shape_str(targets.shape()),
             " != ids.shape=", shape_str(ids.shape()));
-  return fn::cross_entropy(forward(ids), targets);
+  return fn::cross_entropy(forward(ids, ids_in_range), targets, !ids_in_range);
 }
 
 double GPT::flops_per_token(int64_t t) const {

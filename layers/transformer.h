@@ -115,11 +115,13 @@ class GPT : public Module {
   const GptConfig& config() const { return cfg_; }
   const Var& token_embedding() const { return wte_.weight(); }
   // ids: i32 [B, T] with T ≤ context → final hidden states [B, T, C] (after ln_f).
-  Var hidden(const Tensor& ids);
+  Var hidden(const Tensor& ids, bool ids_in_range = false);
   // logits [B, T, V] through the tied embedding.
-  Var forward(const Tensor& ids);
+  Var forward(const Tensor& ids, bool ids_in_range = false);
   // Mean cross-entropy of the next-token predictions against targets [B, T].
-  Var loss(const Tensor& ids, const Tensor& targets);
+  // ids_in_range: the caller guarantees every id and target is < vocab_size, so the GPU
+  // range checks (one device sync each) are skipped; the trainer's batches are.
+  Var loss(const Tensor& ids, const Tensor& targets, bool ids_in_range = false);
   // FLOPs of one training step's forward+backward per token (PaLM's 6N + 12·L·T·C).
   double flops_per_token(int64_t t) const;
 

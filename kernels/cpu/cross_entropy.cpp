@@ -19,19 +19,25 @@ void check_acc(const Tensor& t, const Tensor& logits, const Shape& shape, const 
             dtype_name(acc_dtype(logits.dtype())), ", got ", dtype_name(t.dtype()));
   FFN_CHECK(t.is_contiguous(), "[", op, "] ", name, " must be contiguous");
 }
-void check_common(const Tensor& logits, const Tensor& targets, const char* op) {
+void check_common(const Tensor& logits, const Tensor& targets, const char* op, bool check_range) {
   detail::check_matrix(logits, op, "logits");
   FFN_CHECK(is_float(logits.dtype()), "[", op, "] logits must be a float tensor");
   FFN_CHECK(logits.size(1) > 0, "[", op, "] logits have 0 classes");
   check_defined(targets, op, "targets");
   check_shape(targets, {logits.size(0)}, op, "targets");
   check_same_device(targets, logits, op, "targets", "logits");
-  detail::check_indices(targets, logits.size(1), op, "targets");
+  if (check_range) {
+    detail::check_indices(targets, logits.size(1), op, "targets");
+  } else {
+    FFN_CHECK(targets.dtype() == DType::i32 && targets.is_contiguous(), "[", op,
+              "] targets must be a contiguous i32 vector");
+  }
 }
 }  // namespace
 
-void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse) {
-  check_common(logits, targets, "cross_entropy");
+void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                   bool check_targets) {
+  check_common(logits, targets, "cross_entropy", check_targets);
   FFN_CHECK(logits.size(0) > 0, "[cross_entropy] the mean over 0 rows is undefined");
   check_acc(loss, logits, {}, "cross_entropy", "loss");
   check_acc(lse, logits, {logits.size(0)}, "cross_entropy", "lse");

@@ -36,9 +36,9 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out, bool check_i
   cpu::embedding(ids, tc, out);
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table) {
+void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table, bool check_ids) {
   detail::check_matrix(d_out, "embedding_backward", "d_out");
-  validate(ids, d_table, d_out, "embedding_backward", "d_table", "d_out");
+  validate(ids, d_table, d_out, "embedding_backward", "d_table", "d_out", check_ids);
   if (d_table.is_cuda()) {
 #if FFN_WITH_CUDA
     return cuda::embedding_backward(ids, d_out.contiguous(), d_table);
