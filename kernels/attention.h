@@ -28,6 +28,11 @@ namespace ffn {
 
 // True when the CUDA kernels cover this dtype, head_dim and sequence length.
 bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim);
+// True when they are also the faster choice: the forward's 64-query tiles fit twice per SM
+// (T up to ~400 at head_dim 64). Longer sequences use 32-query tiles with 2 warps per
+// block, slower than batched GEMMs + causal softmax (gpt2_small at T=1024 on the H100:
+// 103.5 vs 96.5 ms/iter, bench/RESULTS.md).
+bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim);
 
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
                      Tensor& y, Tensor& lse);
@@ -43,6 +48,7 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& dy, int64_t heads
 }  // namespace cpu
 namespace cuda {
 bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim);
+bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim);
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
                      Tensor& y, Tensor& lse);
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,

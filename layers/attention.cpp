@@ -9,8 +9,9 @@
 //           dq = ds·k,  dk = dsᵀ·q,  dqkv = merge of [dq|dk|dv].
 // Saved between the passes: the head-split q, k, v and p (never s, pd or the mask).
 //
-// On the GPU, for bf16/f16 and the head sizes kernels/attention.h covers, the same math runs
-// as one fused (flash-style) kernel per pass instead: it reads q, k, v straight from qkv,
+// On the GPU, for bf16/f16 and the head sizes and lengths where kernels/attention.h's kernels
+// are the faster choice (fused_attention_preferred), the same math runs as one fused
+// (flash-style) kernel per pass instead: it reads q, k, v straight from qkv,
 // writes y in [B, T, C], and saves only qkv, y and the row log-sum-exp. Both paths drop the
 // same attention entries for the same spec.
 #include <cmath>
@@ -111,7 +112,7 @@ Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_drop
             " is not 3·heads·head_dim for heads=", heads);
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3, d = c / heads, bh = b * heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  if (fused && x.is_cuda() && fused_attention_supported(x.dtype(), t, d)) {
+  if (fused && x.is_cuda() && fused_attention_preferred(x.dtype(), t, d)) {
     const Tensor xc = x.contiguous();
     Tensor y = Tensor::empty({b, t, c}, x.dtype(), x.device());
     Tensor lse = Tensor::empty({bh, t}, DType::f32, x.device());

@@ -39,7 +39,7 @@ Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets =
 // Causal multi-head self-attention core: qkv [B, T, 3C] (q | k | v, heads of C/heads
 // columns each) → [B, T, C] = concat_h(dropout(softmax(q_h k_hᵀ/√d)) v_h). One node. With
 // `fused` (the default), bf16/f16 on the GPU runs the flash-style kernels of
-// kernels/attention.h where they cover the shape; otherwise batched GEMMs and the fused
+// kernels/attention.h where they are faster (fused_attention_preferred); otherwise batched GEMMs and the fused
 // causal softmax, saving the head-split q, k, v and the probabilities (layers/attention.cpp).
 Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout,
                      bool fused = true);

@@ -245,13 +245,28 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
                                      x.grad().to(Device::cpu()).to(DType::f64)};
         };
         // f64 reference: the op's CPU reference (equal to the composite path, CPU tests).
+        const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
         Tensor y64 = Tensor::empty({cs.b, cs.t, c}, DType::f64);
         Tensor lse64 = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32);
         Tensor dqkv64 = Tensor::empty(qkv.shape(), DType::f64);
-        const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
         fused_attention(qkv, cs.h, scale, d, y64, lse64);
         fused_attention_backward(qkv, y64, dy, lse64, cs.h, scale, d, dqkv64);
-        const auto fused = run(kGpu, dt, true), naive = run(kGpu, dt, false);
+        // The kernels themselves (every case), and the layer (which routes to them where
+        // fused_attention_preferred) bit for bit equal to them.
+        Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
+        Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
+        const Tensor xg = qkv.to(dt).to(kGpu), dyg = dy.to(dt).to(kGpu);
+        fused_attention(xg, cs.h, scale, d, y, lse);
+        Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu);
+        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1);
+        const std::vector<Tensor> fused = {y.to(Device::cpu()).to(DType::f64),
+                                           g1.to(Device::cpu()).to(DType::f64)};
+        const auto naive = run(kGpu, dt, false);
+        if (fused_attention_preferred(dt, cs.t, cs.d)) {
+          const auto layer = run(kGpu, dt, true);
+          CHECK_MESSAGE(max_abs_diff(layer[0], fused[0]) == 0.0, "layer y == kernel y", tag);
+          CHECK_MESSAGE(max_abs_diff(layer[1], fused[1]) == 0.0, "layer dqkv == kernel dqkv", tag);
+        }
         // ds_ij = p_ij (dp_ij − D_i) uses D_i = dy_i·y_i with the stored 16-bit y (as
         // FlashAttention does): its rounding, at most u·Σ_d|dy_id·y_id| (u = 2^-8 for bf16,
         // 2^-11 for f16), reaches dq_i (and dk_j) through scale·Σ_j p_ij·k_j, so the
@@ -278,16 +293,10 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
                         "fused attention ", names[k], tag, " p=", p, ": error ", err, " vs naive ",
                         naive_err, " (D term ", d_term, ")");
         }
-        // lse straight from the kernel: fp32 statistics of the same scores.
-        Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
-        Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
-        const Tensor xg = qkv.to(dt).to(kGpu);
-        fused_attention(xg, cs.h, scale, d, y, lse);
+        // lse: fp32 statistics of the same scores.
         check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
         // Deterministic: a second backward gives the same bits.
-        Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu), g2 = Tensor::empty(xg.shape(), dt, kGpu);
-        const Tensor dyg = dy.to(dt).to(kGpu);
-        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1);
+        Tensor g2 = Tensor::empty(xg.shape(), dt, kGpu);
         fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2);
         CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
                                    g2.to(Device::cpu()).to(DType::f64)) == 0.0,
@@ -295,6 +304,8 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
       }
   CHECK_FALSE(fused_attention_supported(DType::f32, 256, 64));
   CHECK_FALSE(fused_attention_supported(DType::bf16, 256, 48));
+  CHECK(fused_attention_preferred(DType::bf16, 256, 64));     // shakespeare_char
+  CHECK_FALSE(fused_attention_preferred(DType::bf16, 1024, 64));  // gpt2_small: composite
   Tensor y = Tensor::empty({1, 4, 48}, DType::bf16, kGpu),
          lse = Tensor::empty({1, 4}, DType::f32, kGpu);
   CHECK_THROWS_WITH_AS(

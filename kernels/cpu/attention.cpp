@@ -57,6 +57,15 @@ bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim) {
 #endif
 }
 
+bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim) {
+#if FFN_WITH_CUDA
+  return cuda::fused_attention_preferred(dt, t, head_dim);
+#else
+  (void)dt, (void)t, (void)head_dim;
+  return false;
+#endif
+}
+
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
                      Tensor& y, Tensor& lse) {
   const char* op = "fused_attention";

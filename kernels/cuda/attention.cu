@@ -633,6 +633,11 @@ bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim) {
   return fused_attention_supported_impl(dt, t, head_dim);
 }
 
+bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim) {
+  return fused_attention_supported_impl(dt, t, head_dim) &&
+         fwd_bm(t, static_cast<int>(head_dim)) == 64;
+}
+
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
                      Tensor& y, Tensor& lse) {
   const int dev = qkv.device().index;
