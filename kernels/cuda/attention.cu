@@ -34,8 +34,6 @@ constexpr int kBwdBM = 64;  // query tile of the backward kernels
 template <class T>
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
 template <class T>
-using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
-template <class T>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
 template <class T>
 using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
@@ -326,11 +324,45 @@ __device__ __forceinline__ void load_row_stats(float* lse_s, float* dsum_s, cons
   }
 }
 
+// The first product stage of both backward kernels, for one warp: o1 = a1·b1ᵀ and
+// o2 = a2·b2ᵀ, where a1, a2 are the warp's 16 rows (row stride D+8), b1, b2 are 64-row
+// tiles (row stride D+8), and o1, o2 receive 16×64 fp32 (row stride 68).
+template <int D, class T>
+__device__ __forceinline__ void two_products_nt(const T* a1, const T* a2, const T* b1,
+                                                const T* b2, float* o1, float* o2) {
+  constexpr int LD = D + 8, N = 64 / 16, OLD = 64 + 4;
+  FragC c1[N], c2[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    wmma::fill_fragment(c1[n], 0.0f);
+    wmma::fill_fragment(c2[n], 0.0f);
+  }
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    FragA<T> f1, f2;
+    wmma::load_matrix_sync(f1, a1 + kk * 16, LD);
+    wmma::load_matrix_sync(f2, a2 + kk * 16, LD);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      FragBT<T> g1, g2;
+      wmma::load_matrix_sync(g1, b1 + n * 16 * LD + kk * 16, LD);
+      wmma::mma_sync(c1[n], f1, g1, c1[n]);
+      wmma::load_matrix_sync(g2, b2 + n * 16 * LD + kk * 16, LD);
+      wmma::mma_sync(c2[n], f2, g2, c2[n]);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    wmma::store_matrix_sync(o1 + n * 16, c1[n], OLD, wmma::mem_row_major);
+    wmma::store_matrix_sync(o2 + n * 16, c2[n], OLD, wmma::mem_row_major);
+  }
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(128)
     attn_bwd_dkv_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
                         int64_t t, int heads, float scale, DeviceMask mask) {
-  constexpr int BM = kBwdBM, LD = D + 8, SLD = BM + 4, PLD = BM + 8;
+  constexpr int BM = kBwdBM, LD = D + 8, SLD = BM + 4, PLD = BM + 8;  // SLD: two_products_nt
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
   T* vs = ks + kBN * LD;
@@ -380,33 +412,9 @@ __global__ void __launch_bounds__(128)
     const T* dos = dobuf + (it & 1) * BM * LD;
     const float* lse_s = stats + (it & 1) * 2 * BM;
     const float* dsum_s = lse_s + BM;
-    {  // Sᵀ = K·Qᵀ and dPdᵀ = V·dYᵀ for the warp's 16 keys.
-      FragC sf[BM / 16], dp[BM / 16];
-#pragma unroll
-      for (int n = 0; n < BM / 16; ++n) {
-        wmma::fill_fragment(sf[n], 0.0f);
-        wmma::fill_fragment(dp[n], 0.0f);
-      }
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragA<T> ak, av;
-        wmma::load_matrix_sync(ak, ks + warp * 16 * LD + kk * 16, LD);
-        wmma::load_matrix_sync(av, vs + warp * 16 * LD + kk * 16, LD);
-#pragma unroll
-        for (int n = 0; n < BM / 16; ++n) {
-          FragBT<T> bq, bdo;
-          wmma::load_matrix_sync(bq, qs + n * 16 * LD + kk * 16, LD);
-          wmma::mma_sync(sf[n], ak, bq, sf[n]);
-          wmma::load_matrix_sync(bdo, dos + n * 16 * LD + kk * 16, LD);
-          wmma::mma_sync(dp[n], av, bdo, dp[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < BM / 16; ++n) {
-        wmma::store_matrix_sync(st + warp * 16 * SLD + n * 16, sf[n], SLD, wmma::mem_row_major);
-        wmma::store_matrix_sync(dpt + warp * 16 * SLD + n * 16, dp[n], SLD, wmma::mem_row_major);
-      }
-    }
+    // Sᵀ = K·Qᵀ and dPdᵀ = V·dYᵀ for the warp's 16 keys.
+    two_products_nt<D>(ks + warp * 16 * LD, vs + warp * 16 * LD, qs, dos, st + warp * 16 * SLD,
+                       dpt + warp * 16 * SLD);
     __syncwarp();
     // Lane → (group of 8 keys, query): consecutive lanes take consecutive queries.
     for (int idx = lane; idx < 2 * BM; idx += 32) {
@@ -449,7 +457,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(128)
     attn_bwd_dq_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
                        int64_t t, int heads, float scale, DeviceMask mask) {
-  constexpr int BM = kBwdBM, LD = D + 8, SLD = kBN + 4, PLD = kBN + 8;
+  constexpr int BM = kBwdBM, LD = D + 8, SLD = kBN + 4, PLD = kBN + 8;  // SLD: two_products_nt
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
   T* dos = qs + BM * LD;
@@ -492,33 +500,9 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     const T* ks = kbuf + (kt & 1) * kBN * LD;
     const T* vs = vbuf + (kt & 1) * kBN * LD;
-    {  // S = Q·Kᵀ and dPd = dY·Vᵀ for the warp's 16 queries.
-      FragC sf[kBN / 16], dp[kBN / 16];
-#pragma unroll
-      for (int n = 0; n < kBN / 16; ++n) {
-        wmma::fill_fragment(sf[n], 0.0f);
-        wmma::fill_fragment(dp[n], 0.0f);
-      }
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        FragA<T> aq, ado;
-        wmma::load_matrix_sync(aq, qs + warp * 16 * LD + kk * 16, LD);
-        wmma::load_matrix_sync(ado, dos + warp * 16 * LD + kk * 16, LD);
-#pragma unroll
-        for (int n = 0; n < kBN / 16; ++n) {
-          FragBT<T> bk, bv;
-          wmma::load_matrix_sync(bk, ks + n * 16 * LD + kk * 16, LD);
-          wmma::mma_sync(sf[n], aq, bk, sf[n]);
-          wmma::load_matrix_sync(bv, vs + n * 16 * LD + kk * 16, LD);
-          wmma::mma_sync(dp[n], ado, bv, dp[n]);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < kBN / 16; ++n) {
-        wmma::store_matrix_sync(ss + warp * 16 * SLD + n * 16, sf[n], SLD, wmma::mem_row_major);
-        wmma::store_matrix_sync(dps + warp * 16 * SLD + n * 16, dp[n], SLD, wmma::mem_row_major);
-      }
-    }
+    // S = Q·Kᵀ and dPd = dY·Vᵀ for the warp's 16 queries.
+    two_products_nt<D>(qs + warp * 16 * LD, dos + warp * 16 * LD, ks, vs, ss + warp * 16 * SLD,
+                       dps + warp * 16 * SLD);
     __syncwarp();
     // Lane → (query, group of 8 keys).
     for (int idx = lane; idx < 16 * (kBN / 8); idx += 32) {
@@ -569,7 +553,8 @@ void with_half(DType dt, const F& f) {
 }
 
 // Shared-memory opt-in for one kernel on the current device (raised only when needed; the
-// kernels of one signature share a function type, so the record is keyed by address).
+// kernels of one signature share a function type, so the record is keyed by address). Not
+// thread-safe: one host thread drives a device (Note [One compute stream]).
 void allow_smem(const void* kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return;
   static std::map<std::pair<const void*, int>, size_t> allowed;
