@@ -15,6 +15,7 @@ void copy_same_device(const Tensor& dst, const Tensor& src);
 void memcpy_between(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
 void fill(const Tensor& dst, double value);
 void axpy(const Tensor& dst, const Tensor& src, double alpha);
+void add(const Tensor& dst, const Tensor& a, const Tensor& b);
 void fill_normal(const Tensor& dst, uint64_t seed, uint64_t offset, double mean, double std);
 }  // namespace cuda_copy
 
@@ -310,6 +311,27 @@ void Tensor::fill_(double value) {
   src.shape_ = shape_;
   src.strides_ = Shape(shape_.size(), 0);  // broadcast the single value
   cpu_copy(*this, src);
+}
+
+Tensor Tensor::plus(const Tensor& other) const {
+  check_defined(*this, "plus", "self");
+  check_defined(other, "plus", "other");
+  FFN_CHECK(shape_ == other.shape_, "[plus] shape mismatch: self ", shape_str(shape_), " vs other ",
+            shape_str(other.shape_));
+  FFN_CHECK(is_float(dtype_) && is_float(other.dtype_), "[plus] dtype ",
+            dtype_name(is_float(dtype_) ? other.dtype_ : dtype_),
+            " is not supported here (expected a float type)");
+  check_same_device(*this, other, "plus", "self", "other");
+  if (device_.is_cuda() && numel() > 0) {
+#if FFN_WITH_CUDA
+    Tensor out = empty(shape_, dtype_, device_);
+    cuda_copy::add(out, contiguous(), other.contiguous());
+    return out;
+#endif
+  }
+  Tensor out = clone();
+  out.add_(other);
+  return out;
 }
 
 void Tensor::add_(const Tensor& other, double alpha) {

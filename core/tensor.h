@@ -89,6 +89,9 @@ class Tensor {
   // *this += alpha * other (same shape; other may be another float dtype, converted on the
   // fly; *this contiguous). Used by autograd's sums and mixed-precision residual adds.
   void add_(const Tensor& other, double alpha = 1.0);
+  // *this + other as a new contiguous tensor in this dtype (same shape; other may be another
+  // float dtype). One pass on the GPU, where clone() + add_() would take two.
+  Tensor plus(const Tensor& other) const;
 
   // Host-side readback for tests and logging (converts to double).
   std::vector<double> to_vector() const;

@@ -222,9 +222,8 @@ Var add(const Var& a, const Var& b) {
   const bool a_wide = da == db || !is_half(da);
   const Tensor& wide = a_wide ? a.value() : b.value();
   const Tensor& narrow = a_wide ? b.value() : a.value();
-  Tensor y = wide.clone();
-  y.add_(narrow);  // converts on the fly
-  return make_output(y, std::make_shared<AddNode>(), {a, b});
+  // One pass, converting the narrow operand on the fly (no clone + add_).
+  return make_output(wide.plus(narrow), std::make_shared<AddNode>(), {a, b});
 }
 
 Var cast(const Var& x, DType dtype) {

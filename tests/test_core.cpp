@@ -151,6 +151,12 @@ TEST_CASE("tensor shapes, strides, views and copies") {
   Tensor acc = Tensor::full({4}, 1.0);
   acc.add_(Tensor::full({4}, 2.0), 0.5);
   CHECK(acc.to_vector() == std::vector<double>{2, 2, 2, 2});
+  // plus: a new tensor in self's dtype; the other operand may be a 16-bit tensor.
+  const Tensor wide = Tensor::from_vector({1.5, -2, 3.25}, {3}, DType::f32);
+  const Tensor sum = wide.plus(Tensor::from_vector({0.5, 1, -0.25}, {3}, DType::bf16));
+  CHECK(sum.dtype() == DType::f32);
+  CHECK(sum.to_vector() == std::vector<double>{2, -1, 3});
+  CHECK(wide.to_vector() == std::vector<double>{1.5, -2, 3.25});
   // 64-bit sizes: shape arithmetic does not overflow 32 bits.
   CHECK(shape_numel({65536, 65536}) == (int64_t{1} << 32));
 }
@@ -170,6 +176,8 @@ TEST_CASE("tensor errors name the op and the values") {
   CHECK(Device::parse("cuda:3") == Device::cuda(3));
   Tensor a = Tensor::zeros({4}), b = Tensor::zeros({5});
   CHECK_THROWS_WITH_AS(a.add_(b), doctest::Contains("[add_] shape mismatch: self [4] vs other [5]"),
+                       Error);
+  CHECK_THROWS_WITH_AS(a.plus(b), doctest::Contains("[plus] shape mismatch: self [4] vs other [5]"),
                        Error);
   // The location follows the message.
   try {

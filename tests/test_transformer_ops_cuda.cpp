@@ -314,6 +314,19 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
       Error);
 }
 
+// The residual stream's mixed add (fp32 + bf16 -> fp32) in one pass: both sides round the
+// exact sum once to fp32, so the GPU equals the CPU bit for bit.
+FFN_GPU_TEST("Tensor::plus on the GPU equals the CPU (f32 + bf16, f32 + f16, f32 + f32)") {
+  Generator g(39);
+  for (auto [da, db] : {std::pair<DType, DType>{DType::f32, DType::bf16}, {DType::f32, DType::f16},
+                        {DType::f32, DType::f32}}) {
+    const Tensor a = rand64({1000003}, g).to(da), b = rand64({1000003}, g).to(db);
+    const Tensor gpu = a.to(kGpu).plus(b.to(kGpu)).to(Device::cpu());
+    CHECK(gpu.dtype() == da);
+    CHECK(max_abs_diff(gpu.to(DType::f64), a.plus(b).to(DType::f64)) == 0.0);
+  }
+}
+
 FFN_GPU_TEST("multi-tensor AdamW and grad norm on the GPU match the CPU") {
   Generator g(36);
   // Sizes around the kernel's chunking (16384) and table limits (24 tensors, 256 blocks).

@@ -56,6 +56,14 @@ __global__ void fill_kernel(T* dst, int64_t n, StridedIndex ix, T value) {
 }
 
 template <class T, class S>
+__global__ void add_kernel(T* dst, const T* a, const S* b, int64_t n) {
+  using A = cuda::acc_t<T>;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = cuda::from_acc<T>(cuda::to_acc(a[i]) + static_cast<A>(cuda::to_acc(b[i])));
+}
+
+template <class T, class S>
 __global__ void axpy_kernel(T* dst, const S* src, int64_t n, double alpha) {
   using A = cuda::acc_t<T>;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -146,6 +154,22 @@ void axpy(const Tensor& dst, const Tensor& src, double alpha) {
       using ST = cuda::device_t<S>;
       axpy_kernel<DT, ST><<<cuda::grid_for(n, 256), 256, 0, cuda::stream(dev)>>>(
           static_cast<DT*>(dst.data_ptr()), static_cast<const ST*>(src.data_ptr()), n, alpha);
+      FFN_CHECK_LAUNCH();
+    });
+  });
+}
+
+void add(const Tensor& dst, const Tensor& a, const Tensor& b) {
+  const int dev = dst.device().index;
+  cuda::DeviceGuard guard(dev);
+  const int64_t n = dst.numel();
+  FFN_DISPATCH_ALL(dst.dtype(), "plus", [&]<class T>() {
+    FFN_DISPATCH_ALL(b.dtype(), "plus", [&]<class S>() {
+      using DT = cuda::device_t<T>;
+      using ST = cuda::device_t<S>;
+      add_kernel<DT, ST><<<cuda::grid_for(n, 256), 256, 0, cuda::stream(dev)>>>(
+          static_cast<DT*>(dst.data_ptr()), static_cast<const DT*>(a.data_ptr()),
+          static_cast<const ST*>(b.data_ptr()), n);
       FFN_CHECK_LAUNCH();
     });
   });
