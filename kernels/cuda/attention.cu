@@ -568,16 +568,21 @@ void allow_smem(const void* kernel, size_t bytes) {
   }
 }
 
-// The current device's shared memory per block (with opt-in), per SM.
+// The current device's shared memory per block (with opt-in), per SM; read once per device
+// (the layer asks at every forward).
 struct SmemLimits {
   size_t block = 0, sm = 0;
 };
 SmemLimits smem_limits() {
-  int dev = 0, block = 0, sm = 0;
+  static std::map<int, SmemLimits> known;
+  int dev = 0;
   FFN_CHECK_CUDA(cudaGetDevice(&dev));
+  const auto it = known.find(dev);
+  if (it != known.end()) return it->second;
+  int block = 0, sm = 0;
   FFN_CHECK_CUDA(cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   FFN_CHECK_CUDA(cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  return {static_cast<size_t>(block), static_cast<size_t>(sm)};
+  return known[dev] = {static_cast<size_t>(block), static_cast<size_t>(sm)};
 }
 
 size_t fwd_bytes(int bm, int64_t t, int d) {
