@@ -59,6 +59,8 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
   CHECK(c.model.ffn == "swiglu");
   CHECK(!c.model.bias);
   CHECK(c.train.beta2 == 0.99);  // default
+  CHECK(c.runtime.fused_attention);  // default: the flash-style kernels where they apply
+  CHECK(!Config::parse("", "t.toml", {"runtime.fused_attention=false"}).runtime.fused_attention);
   const Config back = Config::parse(c.to_toml(), "dump");
   CHECK(back.to_toml() == c.to_toml());
   CHECK(back.train.lr == c.train.lr);
@@ -78,6 +80,7 @@ TEST_CASE("config errors name the key (unknown, wrong type, out of range, cross-
   expect_config_error("[train]\nlr = -1\n", {}, "train.lr: expected a number > 0, got -1");
   expect_config_error("[train]\niters = 2.5\n", {}, "train.iters: expected an integer >= 1");
   expect_config_error("[model]\nffn = \"relu\"\n", {}, "model.ffn: expected one of");
+  expect_config_error("[runtime]\nfused_attention = 1\n", {}, "runtime.fused_attention: expected");
   expect_config_error("[model]\nd_model = 10\nheads = 3\n", {}, "model.heads: d_model=10");
   expect_config_error("[runtime]\nnproc = 3\n[train]\nbatch_size = 16\n", {},
                       "train.batch_size: the global batch 16 is not divisible by runtime.nproc=3");
