@@ -13,6 +13,8 @@ Timing: every iteration is one full training step (batch to device, forward, bac
 clip, optimizer step) ending in a device sync (both sides read the loss every step);
 the figure is the median ms/iter after --warmup iterations. ffn-train's figure is the
 median of its per-iteration times in metrics.jsonl (log_every = 1) over the same window.
+--repeat N alternates the three N times (the PyTorch models keep training, so torch.compile
+compiles once) and reports the medians over rounds and each round's ratio.
 
 --quality also trains PyTorch eager for the full 5000 iterations and reports its best
 val loss (eval every 250 iters on 200 batches, as the recipe says).
@@ -123,19 +125,28 @@ def step(model, opt, train, gen, dev, it):
     return loss.item()
 
 
-def time_torch(train, vocab, dev, compile_, warmup, iters, profile=0):
+def torch_runner(train, vocab, dev, compile_):
+    """A PyTorch model + optimizer that keeps training across timing rounds (so a compiled
+    model is compiled once). run(n, warmup) -> median ms/iter of the last n of warmup + n."""
     model, _, opt = make(vocab, dev, compile_)
     gen = torch.Generator().manual_seed(1)
-    ms = []
-    for it in range(warmup + iters):
-        t0 = time.perf_counter()
-        step(model, opt, train, gen, dev, it)
-        torch.cuda.synchronize()
-        if it >= warmup:
-            ms.append((time.perf_counter() - t0) * 1e3)
-    if profile:
-        gpu_profile(model, opt, train, gen, dev, warmup + iters, profile, "compile" if compile_ else "eager")
-    return statistics.median(ms)
+    state = {"it": 0}
+
+    def run(n, warmup):
+        ms = []
+        for k in range(warmup + n):
+            t0 = time.perf_counter()
+            step(model, opt, train, gen, dev, state["it"])
+            torch.cuda.synchronize()
+            state["it"] += 1
+            if k >= warmup:
+                ms.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ms)
+
+    def profile(n, label):
+        gpu_profile(model, opt, train, gen, dev, state["it"], n, label)
+
+    return run, profile
 
 
 def gpu_profile(model, opt, train, gen, dev, it0, n, label):
@@ -203,19 +214,33 @@ def main():
     ap.add_argument("--json", help="write every number here")
     ap.add_argument("--run-dir", default="runs/compare_torch_gpt")
     ap.add_argument("--profile", type=int, default=0, help="also print PyTorch's GPU kernel time over this many iters")
+    ap.add_argument("--repeat", type=int, default=1, help="alternating timing rounds (ours, eager, compile)")
     a = ap.parse_args()
     dev = "cuda"
     train, val, vocab = load(a.data)
     res = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "warmup": a.warmup, "iters": a.iters}
-    res["ours_ms"] = time_ours(a.ffn_train, a.config, a.data, a.warmup, a.iters, a.run_dir)
-    print(f"ours {res['ours_ms']:.2f} ms/iter", file=sys.stderr)
-    res["eager_ms"] = time_torch(train, vocab, dev, False, a.warmup, a.iters, a.profile)
-    print(f"eager {res['eager_ms']:.2f} ms/iter", file=sys.stderr)
-    res["compile_ms"] = time_torch(train, vocab, dev, True, a.warmup, a.iters, a.profile)
-    print(f"compile {res['compile_ms']:.2f} ms/iter", file=sys.stderr)
+    # Rounds alternate ours, eager, compiled (each after its own warm-up in round 1), so a
+    # drift of the machine shows up in every column; the figures are medians over rounds.
+    eager, eager_prof = torch_runner(train, vocab, dev, False)
+    comp, comp_prof = torch_runner(train, vocab, dev, True)
+    rounds = []
+    for r in range(a.repeat):
+        w = a.warmup if r == 0 else 5
+        o = time_ours(a.ffn_train, a.config, a.data, a.warmup, a.iters, a.run_dir)
+        e, c = eager(a.iters, w), comp(a.iters, w)
+        rounds.append({"ours_ms": o, "eager_ms": e, "compile_ms": c, "ours_over_compile": o / c})
+        print(f"round {r + 1}: ours {o:.2f}, eager {e:.2f}, compile {c:.2f} ms/iter "
+              f"(ours / compile {o / c:.3f})", file=sys.stderr)
+    if a.profile:
+        eager_prof(a.profile, "eager")
+        comp_prof(a.profile, "compile")
+    res["rounds"] = rounds
+    for k in ("ours_ms", "eager_ms", "compile_ms"):
+        res[k] = statistics.median(r[k] for r in rounds)
     res["ours_over_eager"] = res["ours_ms"] / res["eager_ms"]
     res["ours_over_compile"] = res["ours_ms"] / res["compile_ms"]
+    ratios = [r["ours_over_compile"] for r in rounds]
     if a.quality:
         res["torch_best_val"], res["torch_val_curve"] = quality(train, val, vocab, dev, a.quality)
     print(f"| shakespeare_char step ({res['device']}, {res['date']}) | ms/iter | ours / it |")
@@ -223,6 +248,9 @@ def main():
     print(f"| fused-ffn (ffn-train) | {res['ours_ms']:.2f} | 1.00 |")
     print(f"| PyTorch eager | {res['eager_ms']:.2f} | {res['ours_over_eager']:.3f} |")
     print(f"| PyTorch torch.compile | {res['compile_ms']:.2f} | {res['ours_over_compile']:.3f} |")
+    if a.repeat > 1:
+        print(f"\nours / torch.compile per round: {', '.join(f'{x:.3f}' for x in ratios)} "
+              f"(medians over {a.repeat} alternating rounds above)")
     if a.quality:
         print(f"\nPyTorch eager best val loss over {a.quality} iters: {res['torch_best_val']:.4f}")
     if a.json:
