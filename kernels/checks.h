@@ -21,6 +21,9 @@ namespace ffn::detail {
 
 // ids: a defined, contiguous i32 vector; every entry in [0, limit). The error names the op,
 // the tensor, the first bad position and its value (on the GPU this reads back one int).
-void check_indices(const Tensor& ids, int64_t limit, const char* op, const char* name);
+// check_range = false keeps the dtype/layout checks and skips the value scan (on the GPU,
+// a device sync), for ids the caller knows are in range.
+void check_indices(const Tensor& ids, int64_t limit, const char* op, const char* name,
+                   bool check_range = true);
 
 }  // namespace ffn::detail

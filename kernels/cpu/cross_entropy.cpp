@@ -26,12 +26,7 @@ void check_common(const Tensor& logits, const Tensor& targets, const char* op, b
   check_defined(targets, op, "targets");
   check_shape(targets, {logits.size(0)}, op, "targets");
   check_same_device(targets, logits, op, "targets", "logits");
-  if (check_range) {
-    detail::check_indices(targets, logits.size(1), op, "targets");
-  } else {
-    FFN_CHECK(targets.dtype() == DType::i32 && targets.is_contiguous(), "[", op,
-              "] targets must be a contiguous i32 vector");
-  }
+  detail::check_indices(targets, logits.size(1), op, "targets", check_range);
 }
 }  // namespace
 
@@ -53,13 +48,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Te
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             const Tensor& d_loss, Tensor& d_logits) {
   const char* op = "cross_entropy_backward";
-  detail::check_matrix(logits, op, "logits");
-  FFN_CHECK(is_float(logits.dtype()), "[", op, "] logits must be a float tensor");
-  check_defined(targets, op, "targets");
-  check_shape(targets, {logits.size(0)}, op, "targets");
-  check_same_device(targets, logits, op, "targets", "logits");
-  FFN_CHECK(targets.dtype() == DType::i32 && targets.is_contiguous(), "[", op,
-            "] targets must be a contiguous i32 vector");
+  check_common(logits, targets, op, /*check_range=*/false);  // the forward checked the values
   check_acc(lse, logits, {logits.size(0)}, op, "lse");
   check_acc(d_loss, logits, {}, op, "d_loss");
   detail::check_like(d_logits, logits, logits.shape(), op, "d_logits");

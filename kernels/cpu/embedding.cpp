@@ -16,12 +16,7 @@ void validate(const Tensor& ids, const Tensor& table_like, const Tensor& rows, c
   FFN_CHECK(is_float(table_like.dtype()), "[", op, "] ", table_name, " must be a float tensor");
   check_same_device(ids, table_like, op, "ids", table_name);
   detail::check_like(rows, table_like, {ids.size(0), table_like.size(1)}, op, rows_name);
-  if (check_ids) {
-    detail::check_indices(ids, table_like.size(0), op, "ids");
-  } else {
-    FFN_CHECK(ids.dtype() == DType::i32 && ids.is_contiguous(), "[", op,
-              "] ids must be a contiguous i32 vector");
-  }
+  detail::check_indices(ids, table_like.size(0), op, "ids", check_ids);
 }
 }  // namespace
 
