@@ -313,15 +313,23 @@ void Tensor::fill_(double value) {
   cpu_copy(*this, src);
 }
 
-Tensor Tensor::plus(const Tensor& other) const {
-  check_defined(*this, "plus", "self");
-  check_defined(other, "plus", "other");
-  FFN_CHECK(shape_ == other.shape_, "[plus] shape mismatch: self ", shape_str(shape_), " vs other ",
-            shape_str(other.shape_));
-  FFN_CHECK(is_float(dtype_) && is_float(other.dtype_), "[plus] dtype ",
-            dtype_name(is_float(dtype_) ? other.dtype_ : dtype_),
+namespace {
+// The operands of add_ and plus: defined, same shape and device, both float (dtypes may
+// differ: the other one is converted on the fly).
+void check_sum_operands(const Tensor& self, const Tensor& other, const char* op) {
+  check_defined(self, op, "self");
+  check_defined(other, op, "other");
+  FFN_CHECK(self.shape() == other.shape(), "[", op, "] shape mismatch: self ",
+            shape_str(self.shape()), " vs other ", shape_str(other.shape()));
+  FFN_CHECK(is_float(self.dtype()) && is_float(other.dtype()), "[", op, "] dtype ",
+            dtype_name(is_float(self.dtype()) ? other.dtype() : self.dtype()),
             " is not supported here (expected a float type)");
-  check_same_device(*this, other, "plus", "self", "other");
+  check_same_device(self, other, op, "self", "other");
+}
+}  // namespace
+
+Tensor Tensor::plus(const Tensor& other) const {
+  check_sum_operands(*this, other, "plus");
   if (device_.is_cuda() && numel() > 0) {
 #if FFN_WITH_CUDA
     Tensor out = empty(shape_, dtype_, device_);
@@ -335,14 +343,7 @@ Tensor Tensor::plus(const Tensor& other) const {
 }
 
 void Tensor::add_(const Tensor& other, double alpha) {
-  check_defined(*this, "add_", "self");
-  check_defined(other, "add_", "other");
-  FFN_CHECK(shape_ == other.shape_, "[add_] shape mismatch: self ", shape_str(shape_), " vs other ",
-            shape_str(other.shape_));
-  FFN_CHECK(is_float(dtype_) && is_float(other.dtype_), "[add_] dtype ",
-            dtype_name(is_float(dtype_) ? other.dtype_ : dtype_),
-            " is not supported here (expected a float type)");
-  check_same_device(*this, other, "add_", "self", "other");
+  check_sum_operands(*this, other, "add_");
   FFN_CHECK(is_contiguous(), "[add_] self must be contiguous, got strides ", shape_str(strides_));
   const Tensor src = other.contiguous();
   if (numel() == 0) return;
