@@ -17,8 +17,9 @@
 //
 // The CPU reference recomputes everything in f64 (it ignores y and lse in backward). The
 // CUDA kernels take bf16/f16 with head_dim 32, 64 or 128 (fused_attention_supported); they
-// use tensor cores with fp32 accumulation and are deterministic (no atomics: dK/dV and dQ
-// come from two kernels that each recompute the probabilities).
+// keep scores and probabilities in registers (mma.sync tensor cores, fp32 accumulation), so
+// T is not bounded by shared memory, and are deterministic (no atomics: dQ and dK/dV come
+// from two kernels that each recompute the probabilities).
 #pragma once
 
 #include "core/philox.h"
@@ -28,10 +29,8 @@ namespace ffn {
 
 // True when the CUDA kernels cover this dtype, head_dim and sequence length.
 bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim);
-// True when they are also the faster choice: the forward's 64-query tiles fit twice per SM
-// (T up to ~400 at head_dim 64). Longer sequences use 32-query tiles with 2 warps per
-// block, slower than batched GEMMs + causal softmax (gpt2_small at T=1024 on the H100:
-// 103.5 vs 96.5 ms/iter, bench/RESULTS.md).
+// True when they are also the faster choice than batched GEMMs + causal softmax: wherever
+// they run (shakespeare_char at T=256 and gpt2_small at T=1024 on the H100, bench/RESULTS.md).
 bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim);
 
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,

@@ -85,9 +85,8 @@ struct GptConfig {
   // stream]); false keeps it in the parameters' dtype (fewer bytes moved, ~6% faster on
   // shakespeare_char, bench/RESULTS.md).
   bool fp32_residual = true;
-  // Attention as the fused flash-style kernels on the GPU where they apply and are faster
-  // (bf16/f16, head size 32/64/128, T up to ~400); false always uses batched GEMMs + causal
-  // softmax (fn::causal_attention).
+  // Attention as the fused flash-style kernels on the GPU where they apply (bf16/f16, head
+  // size 32/64/128); false always uses batched GEMMs + causal softmax (fn::causal_attention).
   bool fused_attention = true;
   ParamInit place;
 };

@@ -1,22 +1,29 @@
-// kernels/cuda/attention.cu — fused causal attention (kernels/attention.h) on tensor cores
-// (WMMA 16×16×16, fp32 accumulation). Tiles are 64 keys wide; each warp owns 16 rows.
+// kernels/cuda/attention.cu — fused causal attention (kernels/attention.h) on tensor cores,
+// FlashAttention-2 style: mma.sync m16n8k16 (16-bit inputs, fp32 accumulation) with ldmatrix
+// operand loads from shared memory; scores and probabilities stay in registers.
 //
-// Forward, one block per (64 or 32 query rows, b·h): S = Q·Kᵀ for the whole causal row
-// block goes to shared memory in fp32, an exact (not online) softmax turns each row into
-// pd = p·mask/(1−p_drop) in 16-bit in place, and O = pd·V accumulates in registers. So T is
-// bounded by shared memory (BM·T·4 bytes; fused_attention_supported says where).
+// Every kernel runs 4 warps on a 64-row block of one head (bh = b·H + h); a warp owns 16
+// rows, holding its 16×64 score tile and its 16×D accumulator as mma fragments.
+// Forward, one block per 64 queries: walks the key tiles up to the diagonal with an online
+//   softmax (running row max and sum, in log2 units), drops in registers, accumulates
+//   O += pd·V, and ends with y = O/sum and lse = max + log(sum).
 // Backward, two kernels, no atomics (deterministic):
-//   dkv: one block per (64 keys, b·h); walks the query tiles at or after its keys,
-//        recomputes p and the mask, and accumulates dV = pdᵀ·dY and dK = dSᵀ·Q;
-//   dq:  one block per (64 queries, b·h); walks the key tiles up to the diagonal and
-//        accumulates dQ = dS·K.
-// D_i = dy_i·y_i comes from a small row-dot kernel first.
+//   dq:  one block per 64 queries. First D_i = dy_i·y_i (written out for dkv); then walks
+//        the key tiles up to the diagonal: S = Q·Kᵀ, dPd = dY·Vᵀ → dS → dQ += dS·K.
+//   dkv: one block per 64 keys (launched after dq). Walks the query tiles from the
+//        diagonal on: Sᵀ = K·Qᵀ, dPdᵀ = V·dYᵀ → pdᵀ, dSᵀ → dV += pdᵀ·dY, dK += dSᵀ·Q.
+// The streamed tiles (K/V in forward and dq, Q/dY in dkv) are double-buffered with cp.async.
+// No limit on T beyond the grid (64·65535 rows).
 //
-// Note [Attention mask draws]: element (bh, i, j) uses draw (bh·T + i)·T + j. A lane
-// handles 8 consecutive keys of one query, so when T % 8 == 0 one Philox call gives all 8.
-#include <mma.h>
-
+// Note [Attention mask draws]: element (bh, i, j) uses draw (bh·T + i)·T + j. Before the
+// probabilities of a tile, a warp draws its tile's keep bits into shared memory, one byte
+// per (query, 8 consecutive keys) — one Philox call when T % 8 == 0, so no draw is made
+// twice — and each lane then picks the bits of its fragment elements.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <map>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/attention.h"
@@ -26,515 +33,532 @@ namespace ffn::cuda {
 
 namespace {
 
-namespace wmma = nvcuda::wmma;
+using u32 = uint32_t;
+constexpr int kTile = 64;   // rows per block, keys or queries per streamed tile
+constexpr int kWarps = 4;   // 16 rows each
+constexpr float kLog2e = 1.4426950408889634f;
 
-constexpr int kBN = 64;     // key tile
-constexpr int kBwdBM = 64;  // query tile of the backward kernels
-
-template <class T>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
-template <class T>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
-template <class T>
-using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// 8 floats at a 16-byte aligned address.
-__device__ __forceinline__ void load8f(const float* p, float (&v)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-// Dropout multipliers of draws e0 … e0+7 (Note [Attention mask draws]).
-__device__ __forceinline__ void mask8(const DeviceMask& m, uint64_t e0, float (&f)[8]) {
-  if (!m.active) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = 1.0f;
-    return;
-  }
-  uint64_t blk = e0 >> 3;
-  U32x4 r = philox_block(m.keys, m.offset, blk);
-  if ((e0 & 7) == 0) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      f[j] = ((r.v[j >> 1] >> (16 * (j & 1))) & 0xffffu) >= m.thr ? m.scale : 0.0f;
-    return;
-  }
-  for (int j = 0; j < 8; ++j) {
-    const uint64_t e = e0 + j;
-    if ((e >> 3) != blk) r = philox_block(m.keys, m.offset, blk = e >> 3);
-    f[j] = mask_draw(r, e) >= m.thr ? m.scale : 0.0f;
-  }
-}
+// ---------------------------------------------------------------------------------------
+// Memory movement.
 
 // Asynchronous 16-byte global → shared copies (cp.async, sm_80+); a copy with valid =
-// false writes zeros. Tiles are double-buffered: the next tile's copies are in flight
-// while the current one is used.
+// false writes zeros.
 __device__ __forceinline__ void cp_async16(void* sm, const void* g, bool valid) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(sm));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(g),
                "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most N committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
-// Starts copying a rows×D tile of a row-major matrix (row stride ld), rows [r0, r0+rows),
-// into shared memory with row stride D+8; rows ≥ t become zeros.
+// Starts copying a 64×D tile of a row-major matrix (row stride ld), rows [r0, r0+64), into
+// shared memory with row stride D+8 (so ldmatrix's 8 row addresses hit 8 distinct 16-byte
+// bank groups); rows ≥ t become zeros.
 template <int D, class T>
-__device__ __forceinline__ void load_tile(T* sm, const T* g, int64_t ld, int64_t r0, int64_t t,
-                                          int rows) {
+__device__ __forceinline__ void load_tile(T* sm, const T* g, int64_t ld, int64_t r0, int64_t t) {
   constexpr int V = D / 8;
-  for (int idx = threadIdx.x; idx < rows * V; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < kTile * V; idx += blockDim.x) {
     const int r = idx / V, c = (idx % V) * 8;
     const bool ok = r0 + r < t;
     cp_async16(sm + r * (D + 8) + c, ok ? g + (r0 + r) * ld + c : g, ok);
   }
 }
 
-// Writes each warp's 16×D fp32 accumulators (times `mul`) to rows [r0 + 16·warp, …) of a
-// row-major 16-bit matrix (row stride ld), staging through `stage` (16·(D+4) floats per
-// warp); rows ≥ t are skipped.
+// ---------------------------------------------------------------------------------------
+// Fragments. A lane (g = lane/4, c = lane%4) holds C elements (g, 2c), (g, 2c+1),
+// (g+8, 2c), (g+8, 2c+1) of each 16×8 tile: acc[n][0..3] in that order.
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldsm4(u32 (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm4_t(u32 (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+template <class T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to T (nearest even), lo in the low half.
+template <class T>
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const u32*>(&v);
+  }
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(−inf) = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The A fragments of rows [0, 16) × k-columns [16kk, 16kk+16) of a row-major 16-bit tile
+// (row stride LD) at a.
+template <int LD, class T>
+__device__ __forceinline__ void load_a(u32 (&af)[4], const T* a, int kk, int lane) {
+  ldsm4(af, a + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
+}
+
+// acc (16×64, 8 n-tiles) += A·Bᵀ over k-columns [16kk, 16kk+16): af is A's fragment, b a
+// 64-row 16-bit tile (row stride LD) whose rows are the 64 output columns.
+template <int LD, class T>
+__device__ __forceinline__ void mma_abt_k(float (&acc)[8][4], const u32 (&af)[4], const T* b,
+                                          int kk, int lane) {
+#pragma unroll
+  for (int np = 0; np < 4; ++np) {
+    u32 bf[4];
+    ldsm4(bf, b + (np * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+    mma16816<T>(acc[2 * np], af, bf[0], bf[1]);
+    mma16816<T>(acc[2 * np + 1], af, bf[2], bf[3]);
+  }
+}
+
+// acc (16×64) = A·Bᵀ over all D columns, A the warp's 16 rows at a.
 template <int D, class T>
-__device__ __forceinline__ void store_rows(FragC (&acc)[D / 16], float mul, float* stage, T* g,
-                                           int64_t ld, int64_t r0, int64_t t) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* st = stage + warp * 16 * (D + 4);
+__device__ __forceinline__ void mma_abt(float (&acc)[8][4], const T* a, const T* b, int lane) {
+  constexpr int LD = D + 8;
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
+  for (int n = 0; n < 8; ++n)
 #pragma unroll
-    for (int e = 0; e < acc[n].num_elements; ++e) acc[n].x[e] *= mul;
-    wmma::store_matrix_sync(st + n * 16, acc[n], D + 4, wmma::mem_row_major);
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    u32 af[4];
+    load_a<LD>(af, a, kk, lane);
+    mma_abt_k<LD>(acc, af, b, kk, lane);
+  }
+}
+
+// The C fragments of a 16×64 fp32 tile as A fragments of a 16-bit one (k = 64).
+template <class T>
+__device__ __forceinline__ void to_a(const float (&s)[8][4], u32 (&pf)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pf[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    pf[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    pf[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pf[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+// acc (16×D, D/8 n-tiles) += P·B: P is a 16×64 tile as A fragments, B a 64×D row-major
+// 16-bit tile at b (row stride D+8), read transposed by ldmatrix.
+template <int D, class T>
+__device__ __forceinline__ void mma_pb(float (&acc)[D / 8][4], const u32 (&pf)[4][4], const T* b,
+                                       int lane) {
+  constexpr int LD = D + 8;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      u32 bf[4];
+      ldsm4_t(bf, b + (kk * 16 + (lane & 15)) * LD + dp * 16 + (lane >> 4) * 8);
+      mma16816<T>(acc[2 * dp], pf[kk], bf[0], bf[1]);
+      mma16816<T>(acc[2 * dp + 1], pf[kk], bf[2], bf[3]);
+    }
+}
+
+// Writes a warp's 16×D accumulator times `mul` to rows [r0, r0+16) of a row-major 16-bit
+// matrix (row stride ld); rows ≥ t are skipped.
+template <int D, class T>
+__device__ __forceinline__ void store_acc(const float (&acc)[D / 8][4], float mul0, float mul1,
+                                          T* g, int64_t ld, int64_t r0, int64_t t, int lane) {
+  const int gr = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = r0 + gr + 8 * half;
+    if (row >= t) continue;
+    const float mul = half ? mul1 : mul0;
+    u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      out[4 * n] = pack2<T>(acc[n][2 * half] * mul, acc[n][2 * half + 1] * mul);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Dropout bits (Note [Attention mask draws]).
+
+// Keep bits of draws e0 … e0+7 (bit j for e0 + j).
+__device__ __forceinline__ u32 keep_bits8(const DeviceMask& m, uint64_t e0) {
+  uint64_t blk = e0 >> 3;
+  U32x4 r = philox_block(m.keys, m.offset, blk);
+  u32 bits = 0;
+  if ((e0 & 7) == 0) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      bits |= static_cast<u32>(((r.v[j >> 1] >> (16 * (j & 1))) & 0xffffu) >= m.thr) << j;
+    return bits;
+  }
+  for (int j = 0; j < 8; ++j) {
+    const uint64_t e = e0 + j;
+    if ((e >> 3) != blk) r = philox_block(m.keys, m.offset, blk = e >> 3);
+    bits |= static_cast<u32>(mask_draw(r, e) >= m.thr) << j;
+  }
+  return bits;
+}
+
+struct QueryKeys {  // query i and keys [j0, j0+8)
+  int64_t i, j0;
+};
+
+// Fills the warp's 128 mask bytes: byte idx covers query q(idx), keys [k(idx), k(idx)+8);
+// entries with no key ≤ query (or query ≥ T) are 0.
+template <class QK>
+__device__ __forceinline__ void draw_bytes(uint8_t* mb, const DeviceMask& m, int64_t bh, int64_t t,
+                                           int lane, const QK& qk) {
+  __syncwarp();  // the previous tile's bytes have been read
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int idx = lane + 32 * u;
+    const QueryKeys at = qk(idx);
+    mb[idx] = at.i < t && at.j0 <= at.i
+                  ? static_cast<uint8_t>(
+                        keep_bits8(m, (static_cast<uint64_t>(bh) * t + at.i) * t + at.j0))
+                  : uint8_t{0};
   }
   __syncwarp();
-  constexpr int V = D / 8;
-  for (int idx = lane; idx < 16 * V; idx += 32) {
-    const int r = idx / V, c = (idx % V) * 8;
-    const int64_t row = r0 + warp * 16 + r;
-    if (row >= t) continue;
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = st[r * (D + 4) + c + j];
-    store_vec<8>(g + row * ld + c, v);
-  }
 }
 
 // ---------------------------------------------------------------------------------------
 // Forward.
 
-template <int D, int BM>
-constexpr size_t fwd_smem_fixed() {  // Q and two K/V tiles
-  return static_cast<size_t>(BM + 2 * kBN) * (D + 8) * 2;
-}
-inline int64_t fwd_sld(int64_t t, int d) {  // fp32 row stride of the score block
-  const int64_t cols = (t + kBN - 1) / kBN * kBN;
-  return std::max<int64_t>(cols, d) + 4;
+template <int D>
+constexpr size_t fwd_smem() {  // Q, two K and two V tiles, mask bytes
+  return 5 * static_cast<size_t>(kTile) * (D + 8) * 2 + kWarps * 128;
 }
 
-template <class T, int D, int BM>
-__global__ void __launch_bounds__(BM * 2)
-    attn_fwd_kernel(const T* qkv, T* y, float* lse, int64_t t, int heads, int sld, float scale,
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_fwd_kernel(const T* qkv, T* y, float* lse, int64_t t, int heads, float scale,
                     DeviceMask mask) {
-  constexpr int LD = D + 8;
+  constexpr int LD = D + 8, TS = kTile * LD;
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
-  T* kv[2] = {qs + BM * LD, qs + (BM + kBN) * LD};  // K tiles, then V tiles
-  float* ss = reinterpret_cast<float*>(qs + (BM + 2 * kBN) * LD);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T* kbuf = qs + TS;         // [2] K tiles
+  T* vbuf = kbuf + 2 * TS;   // [2] V tiles
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, c = lane & 3;
+  uint8_t* mb = reinterpret_cast<uint8_t*>(vbuf + 2 * TS) + warp * 128;
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int h = static_cast<int>(bh % heads);
-  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * BM;  // long rows first
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;  // long rows first
+  const int64_t qw = q0 + warp * 16;  // the warp's first query
   const int64_t ld = 3LL * heads * D;
   const T* qg = qkv + b * t * ld + static_cast<int64_t>(h) * D;
   const T* kg = qg + static_cast<int64_t>(heads) * D;
   const T* vg = kg + static_cast<int64_t>(heads) * D;
-  const int nkt = static_cast<int>(((t < q0 + BM ? t : q0 + BM) + kBN - 1) / kBN);
-  // Tile u of the stream K_0 … K_{n-1}, V_0 … V_{n-1} goes to kv[u % 2].
-  auto fetch = [&](int u) {
-    if (u < 2 * nkt)
-      load_tile<D>(kv[u & 1], u < nkt ? kg : vg, ld, static_cast<int64_t>(u % nkt) * kBN, t, kBN);
+  const int nkt = static_cast<int>(q0 / kTile) + 1;  // key tiles up to the diagonal
+  const float sl2 = scale * kLog2e;
+
+  load_tile<D>(qs, qg, ld, q0, t);
+  load_tile<D>(kbuf, kg, ld, 0, t);
+  load_tile<D>(vbuf, vg, ld, 0, t);
+  cp_commit();
+  u32 qa[D / 16][4];
+  float o[D / 8][4] = {};
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};  // log2 units; lane partials
+  for (int kt = 0; kt < nkt; ++kt) {
+    cp_wait_all();
+    __syncthreads();  // tile kt landed; every warp is done with tile kt−1's buffers
+    if (kt + 1 < nkt) {
+      const int nb = (kt + 1) & 1;
+      load_tile<D>(kbuf + nb * TS, kg, ld, static_cast<int64_t>(kt + 1) * kTile, t);
+      load_tile<D>(vbuf + nb * TS, vg, ld, static_cast<int64_t>(kt + 1) * kTile, t);
+    }
     cp_commit();
-  };
-
-  load_tile<D>(qs, qg, ld, q0, t, BM);
-  fetch(0);
-  for (int kt = 0; kt < nkt; ++kt) {
-    fetch(kt + 1);
-    cp_wait<1>();
-    __syncthreads();
-    const T* ks = kv[kt & 1];
-    FragC acc[kBN / 16];
+    if (kt == 0) {
 #pragma unroll
-    for (int n = 0; n < kBN / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
+      for (int kk = 0; kk < D / 16; ++kk) load_a<LD>(qa[kk], qs + warp * 16 * LD, kk, lane);
+    }
+    const T* ks = kbuf + (kt & 1) * TS;
+    const T* vs = vbuf + (kt & 1) * TS;
+    const int64_t k0 = static_cast<int64_t>(kt) * kTile;
+    float s[8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      FragA<T> a;
-      wmma::load_matrix_sync(a, qs + warp * 16 * LD + kk * 16, LD);
+    for (int kk = 0; kk < D / 16; ++kk) mma_abt_k<LD>(s, qa[kk], ks, kk, lane);
+    const bool diag = kt == nkt - 1;
+    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kBN / 16; ++n) {
-        FragBT<T> bt;
-        wmma::load_matrix_sync(bt, ks + n * 16 * LD + kk * 16, LD);
-        wmma::mma_sync(acc[n], a, bt, acc[n]);
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = qw + gr + 8 * (e >> 1), j = k0 + 8 * n + 2 * c + (e & 1);
+        const float v = diag && j > i ? -INFINITY : s[n][e] * sl2;
+        s[n][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(mrow[r], mx[r]);  // finite: key k0 ≤ every query of the block
+      alpha[r] = ex2(mrow[r] - mnew);
+      mrow[r] = mnew;
+      lrow[r] *= alpha[r];
     }
 #pragma unroll
-    for (int n = 0; n < kBN / 16; ++n)
-      wmma::store_matrix_sync(ss + warp * 16 * sld + kt * kBN + n * 16, acc[n], sld,
-                              wmma::mem_row_major);
-    __syncthreads();  // kv[kt % 2] is refilled next iteration
-  }
-
-  // Exact softmax of the warp's 16 rows, two lanes per row (lane r and r+16 take alternate
-  // 8-column groups); pd overwrites the row's scores in place: 16-bit column j lies in the
-  // bytes of float j/2, and a step writes only floats that every lane has read already
-  // (step k reads floats ≥ 16k, writes floats < 8k + 8; __syncwarp between).
-  {
-    const int r = lane & 15, hf = lane >> 4;
-    const int64_t i = q0 + warp * 16 + r;
-    float* row = ss + (warp * 16 + r) * sld;
-    T* prow = reinterpret_cast<T*>(row);
-    const int valid = i < t ? static_cast<int>(i + 1) : 0;
-    const int ncols = nkt * kBN;
-    float mx = -INFINITY;
-    for (int c0 = 8 * hf; c0 < valid; c0 += 16) {
-      float v[8];
-      load8f(row + c0, v);
+    for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (c0 + j < valid) mx = fmaxf(mx, v[j]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16)) * scale;
-    float sum = 0.0f;
-    for (int c0 = 8 * hf; c0 < valid; c0 += 16) {
-      float v[8];
-      load8f(row + c0, v);
+      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
+    if (mask.active)
+      draw_bytes(mb, mask, bh, t, lane, [&](int idx) {
+        return QueryKeys{qw + (idx >> 3), k0 + 8 * (idx & 7)};
+      });
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (c0 + j < valid) sum += __expf(v[j] * scale - mx);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    const float inv = 1.0f / sum;
-    if (hf == 0 && i < t) lse[bh * t + i] = mx + logf(sum);
-    const uint64_t e_row = (static_cast<uint64_t>(bh) * t + i) * t;
-    for (int c0 = 8 * hf; c0 < ncols; c0 += 16) {  // the same trip count in every lane
-      float v[8], f[8] = {};
-      load8f(row + c0, v);
-      __syncwarp();
-      if (c0 < valid) mask8(mask, e_row + c0, f);
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
-        v[j] = c0 + j < valid ? __expf(v[j] * scale - mx) * inv * f[j] : 0.0f;
-      store_vec<8>(prow + c0, v);
-    }
-  }
-  __syncwarp();
-
-  // O = pd·V over the same key tiles (V_0 has been in flight during the softmax).
-  FragC o[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(o[n], 0.0f);
-  const T* prow0 = reinterpret_cast<const T*>(ss + warp * 16 * sld);
-  for (int kt = 0; kt < nkt; ++kt) {
-    fetch(nkt + kt + 1);
-    cp_wait<1>();
-    __syncthreads();
-    const T* vs = kv[(nkt + kt) & 1];
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      FragA<T> a;
-      wmma::load_matrix_sync(a, prow0 + kt * kBN + kk * 16, 2 * sld);
-#pragma unroll
-      for (int n = 0; n < D / 16; ++n) {
-        FragB<T> bv;
-        wmma::load_matrix_sync(bv, vs + kk * 16 * LD + n * 16, LD);
-        wmma::mma_sync(o[n], a, bv, o[n]);
+      for (int e = 0; e < 4; ++e) {
+        const float p = ex2(s[n][e] - mrow[e >> 1]);
+        lrow[e >> 1] += p;
+        float f = 1.0f;
+        if (mask.active) {
+          const int bits = mb[(gr + 8 * (e >> 1)) * 8 + n];
+          f = (bits >> (2 * c + (e & 1))) & 1 ? mask.scale : 0.0f;
+        }
+        s[n][e] = p * f;
       }
-    }
-    __syncthreads();
+    u32 pf[4][4];
+    to_a<T>(s, pf);
+    mma_pb<D>(o, pf, vs, lane);
   }
-  // Stage through the warp's own score rows (sld ≥ D + 4 floats each).
-  float* stage = ss + warp * 16 * sld - warp * 16 * (D + 4);
-  store_rows<D>(o, 1.0f, stage, y + b * t * heads * D + static_cast<int64_t>(h) * D,
-                static_cast<int64_t>(heads) * D, q0, t);
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    inv[r] = 1.0f / lrow[r];
+    const int64_t i = qw + gr + 8 * r;
+    if (c == 0 && i < t) lse[bh * t + i] = (mrow[r] + __log2f(lrow[r])) / kLog2e;
+  }
+  store_acc<D>(o, inv[0], inv[1], y + b * t * heads * D + static_cast<int64_t>(h) * D,
+               static_cast<int64_t>(heads) * D, qw, t, lane);
 }
 
 // ---------------------------------------------------------------------------------------
 // Backward.
 
-// dsum[bh·T + i] = dy_i · y_i over the head's D columns; one warp per (b, i, h).
-template <class T, int D>
-__global__ void __launch_bounds__(256)
-    attn_rowdot_kernel(const T* y, const T* dy, float* dsum, int64_t rows, int64_t t, int heads) {
-  const int64_t w = int64_t{blockIdx.x} * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (w >= rows) return;  // w = (b·T + i)·H + h
-  const int64_t h = w % heads, bi = w / heads, b = bi / t, i = bi % t;
-  float acc = 0.0f;
-#pragma unroll
-  for (int c = lane; c < D; c += 32) acc += to_acc(y[w * D + c]) * to_acc(dy[w * D + c]);
-  acc = warp_sum(acc);
-  if (lane == 0) dsum[(b * heads + h) * t + i] = acc;
-}
-
 template <int D>
-constexpr size_t bwd_smem() {
-  // 6 operand tiles (2 fixed, 2 double-buffered), two fp32 64×68 tiles, two 16-bit 64×72
-  // tiles, lse and D (double-buffered).
-  return 6 * static_cast<size_t>(64) * (D + 8) * 2 + 2 * 64 * 68 * 4 + 2 * 64 * 72 * 2 +
-         4 * 64 * 4;
+constexpr size_t dq_smem() {  // Q, dY, two K and two V tiles, D of the rows, mask bytes
+  return 6 * static_cast<size_t>(kTile) * (D + 8) * 2 + kTile * 4 + kWarps * 128;
+}
+template <int D>
+constexpr size_t dkv_smem() {  // K, V, two Q and two dY tiles, [2] lse and D, mask bytes
+  return 6 * static_cast<size_t>(kTile) * (D + 8) * 2 + 2 * 2 * kTile * 4 + kWarps * 128;
 }
 
-// The elementwise middle of both backward kernels for 8 consecutive keys of one query:
-// p, pd and ds from the fp32 scores s and dpd (both strided by `stride` floats).
-struct Probs {
-  float pd[8], ds[8];
-};
-__device__ __forceinline__ Probs probs8(const float* s, const float* dpd, int stride, int64_t qi,
-                                        int64_t kj0, int64_t t, int64_t bh, float scale, float lse,
-                                        float dsum, const DeviceMask& mask) {
-  Probs out;
-  float f[8] = {};
-  if (qi < t && kj0 <= qi) mask8(mask, (static_cast<uint64_t>(bh) * t + qi) * t + kj0, f);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const bool ok = qi < t && kj0 + j <= qi;
-    const float p = ok ? __expf(s[j * stride] * scale - lse) : 0.0f;
-    out.pd[j] = ok ? p * f[j] : 0.0f;
-    out.ds[j] = ok ? p * (dpd[j * stride] * f[j] - dsum) : 0.0f;
-  }
-  return out;
-}
-
-// lse and D of query rows [q0, q0+64) into shared memory (zeros past T).
-__device__ __forceinline__ void load_row_stats(float* lse_s, float* dsum_s, const float* lse,
-                                               const float* dsum, int64_t bh, int64_t q0,
-                                               int64_t t) {
-  for (int r = threadIdx.x; r < kBwdBM; r += blockDim.x) {
-    lse_s[r] = q0 + r < t ? lse[bh * t + q0 + r] : 0.0f;
-    dsum_s[r] = q0 + r < t ? dsum[bh * t + q0 + r] : 0.0f;
-  }
-}
-
-// The first product stage of both backward kernels, for one warp: o1 = a1·b1ᵀ and
-// o2 = a2·b2ᵀ, where a1, a2 are the warp's 16 rows (row stride D+8), b1, b2 are 64-row
-// tiles (row stride D+8), and o1, o2 receive 16×64 fp32 (row stride 68).
-template <int D, class T>
-__device__ __forceinline__ void two_products_nt(const T* a1, const T* a2, const T* b1,
-                                                const T* b2, float* o1, float* o2) {
-  constexpr int LD = D + 8, N = 64 / 16, OLD = 64 + 4;
-  FragC c1[N], c2[N];
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    wmma::fill_fragment(c1[n], 0.0f);
-    wmma::fill_fragment(c2[n], 0.0f);
-  }
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    FragA<T> f1, f2;
-    wmma::load_matrix_sync(f1, a1 + kk * 16, LD);
-    wmma::load_matrix_sync(f2, a2 + kk * 16, LD);
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      FragBT<T> g1, g2;
-      wmma::load_matrix_sync(g1, b1 + n * 16 * LD + kk * 16, LD);
-      wmma::mma_sync(c1[n], f1, g1, c1[n]);
-      wmma::load_matrix_sync(g2, b2 + n * 16 * LD + kk * 16, LD);
-      wmma::mma_sync(c2[n], f2, g2, c2[n]);
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    wmma::store_matrix_sync(o1 + n * 16, c1[n], OLD, wmma::mem_row_major);
-    wmma::store_matrix_sync(o2 + n * 16, c2[n], OLD, wmma::mem_row_major);
-  }
-}
-
+// dq kernel; also writes dsum[bh·T + i] = D_i = dy_i·y_i for dkv.
 template <class T, int D>
-__global__ void __launch_bounds__(128)
-    attn_bwd_dkv_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
-                        int64_t t, int heads, float scale, DeviceMask mask) {
-  constexpr int BM = kBwdBM, LD = D + 8, SLD = BM + 4, PLD = BM + 8;  // SLD: two_products_nt
-  extern __shared__ __align__(128) unsigned char smem[];
-  T* ks = reinterpret_cast<T*>(smem);
-  T* vs = ks + kBN * LD;
-  T* qbuf = vs + kBN * LD;           // Q tiles, double-buffered
-  T* dobuf = qbuf + 2 * BM * LD;     // dY tiles, double-buffered
-  float* st = reinterpret_cast<float*>(dobuf + 2 * BM * LD);  // Sᵀ: [key][query]
-  float* dpt = st + kBN * SLD;                                 // dPdᵀ
-  T* pt = reinterpret_cast<T*>(dpt + kBN * SLD);               // pdᵀ
-  T* dst = pt + kBN * PLD;                                     // dSᵀ
-  float* stats = reinterpret_cast<float*>(dst + kBN * PLD);    // [2][lse | D]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t bh = blockIdx.x, b = bh / heads;
-  const int h = static_cast<int>(bh % heads);
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kBN;
-  const int64_t ld = 3LL * heads * D, ldy = static_cast<int64_t>(heads) * D;
-  const T* qg = qkv + b * t * ld + static_cast<int64_t>(h) * D;
-  const T* kg = qg + ldy;
-  const T* vg = kg + ldy;
-  const T* dyg = dy + b * t * ldy + static_cast<int64_t>(h) * D;
-  const int64_t qfirst = k0 / BM * BM;
-  auto fetch = [&](int it) {  // query tile `it` (from qfirst) into buffer it % 2
-    const int64_t q0 = qfirst + static_cast<int64_t>(it) * BM;
-    if (q0 < t) {
-      const int nb = it & 1;
-      load_tile<D>(qbuf + nb * BM * LD, qg, ld, q0, t, BM);
-      load_tile<D>(dobuf + nb * BM * LD, dyg, ldy, q0, t, BM);
-      load_row_stats(stats + nb * 2 * BM, stats + nb * 2 * BM + BM, lse, dsum, bh, q0, t);
-    }
-    cp_commit();
-  };
-
-  load_tile<D>(ks, kg, ld, k0, t, kBN);
-  load_tile<D>(vs, vg, ld, k0, t, kBN);
-  fetch(0);
-  FragC dk[D / 16], dv[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
-  }
-  for (int it = 0; qfirst + static_cast<int64_t>(it) * BM < t; ++it) {
-    const int64_t q0 = qfirst + static_cast<int64_t>(it) * BM;
-    fetch(it + 1);
-    cp_wait<1>();
-    __syncthreads();
-    const T* qs = qbuf + (it & 1) * BM * LD;
-    const T* dos = dobuf + (it & 1) * BM * LD;
-    const float* lse_s = stats + (it & 1) * 2 * BM;
-    const float* dsum_s = lse_s + BM;
-    // Sᵀ = K·Qᵀ and dPdᵀ = V·dYᵀ for the warp's 16 keys.
-    two_products_nt<D>(ks + warp * 16 * LD, vs + warp * 16 * LD, qs, dos, st + warp * 16 * SLD,
-                       dpt + warp * 16 * SLD);
-    __syncwarp();
-    // Lane → (group of 8 keys, query): consecutive lanes take consecutive queries.
-    for (int idx = lane; idx < 2 * BM; idx += 32) {
-      const int g = idx / BM, r = idx % BM;
-      const int kr = warp * 16 + g * 8;
-      const Probs pr = probs8(st + kr * SLD + r, dpt + kr * SLD + r, SLD, q0 + r, k0 + kr, t, bh,
-                              scale, lse_s[r], dsum_s[r], mask);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        pt[(kr + j) * PLD + r] = from_acc<T>(pr.pd[j]);
-        dst[(kr + j) * PLD + r] = from_acc<T>(pr.ds[j]);
-      }
-    }
-    __syncwarp();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      FragA<T> ap, ads;
-      wmma::load_matrix_sync(ap, pt + warp * 16 * PLD + kk * 16, PLD);
-      wmma::load_matrix_sync(ads, dst + warp * 16 * PLD + kk * 16, PLD);
-#pragma unroll
-      for (int n = 0; n < D / 16; ++n) {
-        FragB<T> bdo, bq;
-        wmma::load_matrix_sync(bdo, dos + kk * 16 * LD + n * 16, LD);
-        wmma::mma_sync(dv[n], ap, bdo, dv[n]);
-        wmma::load_matrix_sync(bq, qs + kk * 16 * LD + n * 16, LD);
-        wmma::mma_sync(dk[n], ads, bq, dk[n]);
-      }
-    }
-    __syncthreads();  // this buffer is refilled next iteration
-  }
-  cp_wait<0>();
-  __syncthreads();  // the staging below spans st and dpt of every warp
-  T* dqk = dqkv + b * t * ld + static_cast<int64_t>(heads + h) * D;
-  store_rows<D>(dk, scale, st, dqk, ld, k0, t);
-  __syncwarp();
-  store_rows<D>(dv, 1.0f, st, dqk + ldy, ld, k0, t);
-}
-
-template <class T, int D>
-__global__ void __launch_bounds__(128)
-    attn_bwd_dq_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
-                       int64_t t, int heads, float scale, DeviceMask mask) {
-  constexpr int BM = kBwdBM, LD = D + 8, SLD = kBN + 4, PLD = kBN + 8;  // SLD: two_products_nt
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_bwd_dq_kernel(const T* qkv, const T* y, const T* dy, const float* lse, float* dsum,
+                       T* dqkv, int64_t t, int heads, float scale, DeviceMask mask) {
+  constexpr int LD = D + 8, TS = kTile * LD;
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
-  T* dos = qs + BM * LD;
-  T* kbuf = dos + BM * LD;          // K tiles, double-buffered
-  T* vbuf = kbuf + 2 * kBN * LD;    // V tiles, double-buffered
-  float* ss = reinterpret_cast<float*>(vbuf + 2 * kBN * LD);  // S: [query][key]
-  float* dps = ss + BM * SLD;                                  // dPd
-  T* dss = reinterpret_cast<T*>(dps + BM * SLD);               // dS
-  float* lse_s = reinterpret_cast<float*>(dss + BM * PLD);
-  float* dsum_s = lse_s + BM;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  T* dos = qs + TS;
+  T* kbuf = dos + TS;        // [2] K tiles
+  T* vbuf = kbuf + 2 * TS;   // [2] V tiles
+  float* dsum_s = reinterpret_cast<float*>(vbuf + 2 * TS);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, c = lane & 3;
+  uint8_t* mb = reinterpret_cast<uint8_t*>(dsum_s + kTile) + warp * 128;
   const int64_t bh = blockIdx.x, b = bh / heads;
   const int h = static_cast<int>(bh % heads);
-  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * BM;  // long rows first
+  const int64_t q0 = static_cast<int64_t>(gridDim.y - 1 - blockIdx.y) * kTile;  // long rows first
+  const int64_t qw = q0 + warp * 16;
   const int64_t ld = 3LL * heads * D, ldy = static_cast<int64_t>(heads) * D;
   const T* qg = qkv + b * t * ld + static_cast<int64_t>(h) * D;
   const T* kg = qg + ldy;
   const T* vg = kg + ldy;
   const T* dyg = dy + b * t * ldy + static_cast<int64_t>(h) * D;
-  const int nkt = static_cast<int>(((t < q0 + BM ? t : q0 + BM) + kBN - 1) / kBN);
-  auto fetch = [&](int kt) {  // key tile kt into buffer kt % 2
-    if (kt < nkt) {
-      load_tile<D>(kbuf + (kt & 1) * kBN * LD, kg, ld, static_cast<int64_t>(kt) * kBN, t, kBN);
-      load_tile<D>(vbuf + (kt & 1) * kBN * LD, vg, ld, static_cast<int64_t>(kt) * kBN, t, kBN);
+  const T* yg = y + b * t * ldy + static_cast<int64_t>(h) * D;
+  const int nkt = static_cast<int>(q0 / kTile) + 1;
+  const float sl2 = scale * kLog2e;
+
+  load_tile<D>(qs, qg, ld, q0, t);
+  load_tile<D>(dos, dyg, ldy, q0, t);
+  load_tile<D>(kbuf, kg, ld, 0, t);
+  load_tile<D>(vbuf, vg, ld, 0, t);
+  cp_commit();
+  {  // D_i, two lanes per row (half the columns each), while the tiles are in flight
+    const int r = threadIdx.x >> 1, part = threadIdx.x & 1;
+    const int64_t i = q0 + r;
+    float acc = 0.0f;
+    if (i < t) {
+#pragma unroll
+      for (int c0 = part * (D / 2); c0 < (part + 1) * (D / 2); c0 += 8) {
+        float a[8], g8[8];
+        load_vec<8>(yg + i * ldy + c0, a);
+        load_vec<8>(dyg + i * ldy + c0, g8);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc += a[j] * g8[j];
+      }
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (part == 0) {
+      dsum_s[r] = acc;
+      if (i < t) dsum[bh * t + i] = acc;
+    }
+  }
+  float l2[2], dr[2] = {};  // the lane's two rows: lse in log2 units, and D (after the sync)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = qw + gr + 8 * r;
+    l2[r] = i < t ? lse[bh * t + i] * kLog2e : 0.0f;
+  }
+  float dq[D / 8][4] = {};
+  for (int kt = 0; kt < nkt; ++kt) {
+    cp_wait_all();
+    __syncthreads();
+    if (kt == 0) {
+      dr[0] = dsum_s[warp * 16 + gr];
+      dr[1] = dsum_s[warp * 16 + gr + 8];
+    }
+    if (kt + 1 < nkt) {
+      const int nb = (kt + 1) & 1;
+      load_tile<D>(kbuf + nb * TS, kg, ld, static_cast<int64_t>(kt + 1) * kTile, t);
+      load_tile<D>(vbuf + nb * TS, vg, ld, static_cast<int64_t>(kt + 1) * kTile, t);
+    }
+    cp_commit();
+    const T* ks = kbuf + (kt & 1) * TS;
+    const T* vs = vbuf + (kt & 1) * TS;
+    const int64_t k0 = static_cast<int64_t>(kt) * kTile;
+    float s[8][4], dp[8][4];
+    mma_abt<D>(s, qs + warp * 16 * LD, ks, lane);
+    mma_abt<D>(dp, dos + warp * 16 * LD, vs, lane);
+    if (mask.active)
+      draw_bytes(mb, mask, bh, t, lane, [&](int idx) {
+        return QueryKeys{qw + (idx >> 3), k0 + 8 * (idx & 7)};
+      });
+    const bool diag = kt == nkt - 1;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int64_t i = qw + gr + 8 * r, j = k0 + 8 * n + 2 * c + (e & 1);
+        const float p = diag && j > i ? 0.0f : ex2(s[n][e] * sl2 - l2[r]);
+        float f = 1.0f;
+        if (mask.active) {
+          const int bits = mb[(gr + 8 * r) * 8 + n];
+          f = (bits >> (2 * c + (e & 1))) & 1 ? mask.scale : 0.0f;
+        }
+        s[n][e] = p * (dp[n][e] * f - dr[r]);
+      }
+    u32 pf[4][4];
+    to_a<T>(s, pf);
+    mma_pb<D>(dq, pf, ks, lane);
+  }
+  store_acc<D>(dq, scale, scale, dqkv + b * t * ld + static_cast<int64_t>(h) * D, ld, qw, t, lane);
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attn_bwd_dkv_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
+                        int64_t t, int heads, float scale, DeviceMask mask) {
+  constexpr int LD = D + 8, TS = kTile * LD;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + TS;
+  T* qbuf = vs + TS;           // [2] Q tiles
+  T* dobuf = qbuf + 2 * TS;    // [2] dY tiles
+  float* stats = reinterpret_cast<float*>(dobuf + 2 * TS);  // [2][lse·log2e | D]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gr = lane >> 2, c = lane & 3;
+  uint8_t* mb = reinterpret_cast<uint8_t*>(stats + 4 * kTile) + warp * 128;
+  const int64_t bh = blockIdx.x, b = bh / heads;
+  const int h = static_cast<int>(bh % heads);
+  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t kw = k0 + warp * 16;  // the warp's first key
+  const int64_t ld = 3LL * heads * D, ldy = static_cast<int64_t>(heads) * D;
+  const T* qg = qkv + b * t * ld + static_cast<int64_t>(h) * D;
+  const T* kg = qg + ldy;
+  const T* vg = kg + ldy;
+  const T* dyg = dy + b * t * ldy + static_cast<int64_t>(h) * D;
+  const float sl2 = scale * kLog2e;
+  // Query tile `it` (from the diagonal tile, q0 = k0) into buffer it % 2; the row stats
+  // with plain stores (read after the next __syncthreads, like the copies).
+  auto fetch = [&](int it) {
+    const int64_t q0 = k0 + static_cast<int64_t>(it) * kTile;
+    if (q0 < t) {
+      const int nb = it & 1;
+      load_tile<D>(qbuf + nb * TS, qg, ld, q0, t);
+      load_tile<D>(dobuf + nb * TS, dyg, ldy, q0, t);
+      for (int r = threadIdx.x; r < kTile; r += blockDim.x) {
+        const bool ok = q0 + r < t;
+        stats[nb * 2 * kTile + r] = ok ? lse[bh * t + q0 + r] * kLog2e : 0.0f;
+        stats[nb * 2 * kTile + kTile + r] = ok ? dsum[bh * t + q0 + r] : 0.0f;
+      }
     }
     cp_commit();
   };
 
-  load_tile<D>(qs, qg, ld, q0, t, BM);
-  load_tile<D>(dos, dyg, ldy, q0, t, BM);
-  load_row_stats(lse_s, dsum_s, lse, dsum, bh, q0, t);
+  load_tile<D>(ks, kg, ld, k0, t);
+  load_tile<D>(vs, vg, ld, k0, t);
   fetch(0);
-  FragC dq[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) wmma::fill_fragment(dq[n], 0.0f);
-  for (int kt = 0; kt < nkt; ++kt) {
-    const int64_t k0 = static_cast<int64_t>(kt) * kBN;
-    fetch(kt + 1);
-    cp_wait<1>();
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  for (int it = 0; k0 + static_cast<int64_t>(it) * kTile < t; ++it) {
+    const int64_t q0 = k0 + static_cast<int64_t>(it) * kTile;
+    cp_wait_all();
     __syncthreads();
-    const T* ks = kbuf + (kt & 1) * kBN * LD;
-    const T* vs = vbuf + (kt & 1) * kBN * LD;
-    // S = Q·Kᵀ and dPd = dY·Vᵀ for the warp's 16 queries.
-    two_products_nt<D>(qs + warp * 16 * LD, dos + warp * 16 * LD, ks, vs, ss + warp * 16 * SLD,
-                       dps + warp * 16 * SLD);
-    __syncwarp();
-    // Lane → (query, group of 8 keys).
-    for (int idx = lane; idx < 16 * (kBN / 8); idx += 32) {
-      const int r = warp * 16 + idx / (kBN / 8), c = (idx % (kBN / 8)) * 8;
-      const Probs pr = probs8(ss + r * SLD + c, dps + r * SLD + c, 1, q0 + r, k0 + c, t, bh, scale,
-                              lse_s[r], dsum_s[r], mask);
-      store_vec<8>(dss + r * PLD + c, pr.ds);
-    }
-    __syncwarp();
+    fetch(it + 1);
+    const T* qs = qbuf + (it & 1) * TS;
+    const T* dos = dobuf + (it & 1) * TS;
+    const float* l2 = stats + (it & 1) * 2 * kTile;
+    const float* dsm = l2 + kTile;
+    float st[8][4], dpt[8][4];  // rows: the warp's 16 keys; columns: the tile's 64 queries
+    mma_abt<D>(st, ks + warp * 16 * LD, qs, lane);
+    mma_abt<D>(dpt, vs + warp * 16 * LD, dos, lane);
+    if (mask.active)  // byte idx: query q0 + idx % 64, keys kw + 8·(idx / 64) …
+      draw_bytes(mb, mask, bh, t, lane, [&](int idx) {
+        return QueryKeys{q0 + (idx & 63), kw + 8 * (idx >> 6)};
+      });
+    const bool diag = it == 0;
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {
-      FragA<T> ads;
-      wmma::load_matrix_sync(ads, dss + warp * 16 * PLD + kk * 16, PLD);
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int n = 0; n < D / 16; ++n) {
-        FragB<T> bk;
-        wmma::load_matrix_sync(bk, ks + kk * 16 * LD + n * 16, LD);
-        wmma::mma_sync(dq[n], ads, bk, dq[n]);
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * n + 2 * c + (e & 1);
+        const int64_t i = q0 + col, j = kw + gr + 8 * (e >> 1);
+        const bool ok = i < t && !(diag && j > i);
+        const float p = ok ? ex2(st[n][e] * sl2 - l2[col]) : 0.0f;
+        float f = 1.0f;
+        if (mask.active) f = (mb[(e >> 1) * 64 + col] >> gr) & 1 ? mask.scale : 0.0f;
+        st[n][e] = p * f;
+        dpt[n][e] = p * (dpt[n][e] * f - dsm[col]);
       }
-    }
-    __syncthreads();  // this buffer is refilled next iteration
+    u32 pf[4][4];
+    to_a<T>(st, pf);
+    mma_pb<D>(dv, pf, dos, lane);
+    to_a<T>(dpt, pf);
+    mma_pb<D>(dk, pf, qs, lane);
   }
-  cp_wait<0>();
-  __syncthreads();  // the staging below spans ss and dps of every warp
-  store_rows<D>(dq, scale, ss, dqkv + b * t * ld + static_cast<int64_t>(h) * D, ld, q0, t);
-}
-
-template <int D>
-constexpr size_t dq_smem() {
-  // 6 operand tiles (Q, dY, and K, V double-buffered), two fp32 64×68 tiles, one 16-bit
-  // 64×72 tile, lse and D.
-  return 6 * static_cast<size_t>(64) * (D + 8) * 2 + 2 * 64 * 68 * 4 + 64 * 72 * 2 + 2 * 64 * 4;
+  cp_wait_all();
+  T* dkg = dqkv + b * t * ld + static_cast<int64_t>(heads + h) * D;
+  store_acc<D>(dk, scale, scale, dkg, ld, kw, t, lane);
+  store_acc<D>(dv, 1.0f, 1.0f, dkg + ldy, ld, kw, t, lane);
 }
 
 template <class F>
@@ -568,39 +592,22 @@ void allow_smem(const void* kernel, size_t bytes) {
   }
 }
 
-// The current device's shared memory per block (with opt-in), per SM; read once per device
-// (the layer asks at every forward).
-struct SmemLimits {
-  size_t block = 0, sm = 0;
-};
-SmemLimits smem_limits() {
-  static std::map<int, SmemLimits> known;
+// The current device's shared memory per block (with opt-in); read once per device (the
+// layer asks at every forward).
+size_t smem_per_block() {
+  static std::map<int, size_t> known;
   int dev = 0;
   FFN_CHECK_CUDA(cudaGetDevice(&dev));
   const auto it = known.find(dev);
   if (it != known.end()) return it->second;
-  int block = 0, sm = 0;
+  int block = 0;
   FFN_CHECK_CUDA(cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  FFN_CHECK_CUDA(cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  return known[dev] = {static_cast<size_t>(block), static_cast<size_t>(sm)};
+  return known[dev] = static_cast<size_t>(block);
 }
 
-size_t fwd_bytes(int bm, int64_t t, int d) {
-  return static_cast<size_t>(bm) * 4 * static_cast<size_t>(fwd_sld(t, d)) +
-         static_cast<size_t>(bm + 2 * kBN) * (d + 8) * 2;
-}
-
-// Query rows per forward block: 64 when two such blocks fit on an SM, else 32 when one
-// block fits at all, else 0 (no kernel for this T).
-int fwd_bm(int64_t t, int d) {
-  const SmemLimits lim = smem_limits();
-  if (fwd_bytes(64, t, d) <= std::min(lim.block, lim.sm / 2 - 1024)) return 64;
-  return fwd_bytes(32, t, d) <= lim.block ? 32 : 0;
-}
-
-size_t bwd_bytes(int64_t d) {
+size_t max_smem(int64_t d) {
   size_t out = 0;
-  with_head_dim(d, [&]<int D>() { out = std::max(bwd_smem<D>(), dq_smem<D>()); });
+  with_head_dim(d, [&]<int D>() { out = std::max({fwd_smem<D>(), dq_smem<D>(), dkv_smem<D>()}); });
   return out;
 }
 
@@ -613,8 +620,8 @@ void check_aligned(std::initializer_list<const Tensor*> ts, const char* op) {
 
 bool fused_attention_supported_impl(DType dt, int64_t t, int64_t head_dim) {
   return (dt == DType::bf16 || dt == DType::f16) &&
-         (head_dim == 32 || head_dim == 64 || head_dim == 128) && t > 0 && t <= 65535 * 32 &&
-         fwd_bm(t, static_cast<int>(head_dim)) > 0 && bwd_bytes(head_dim) <= smem_limits().block;
+         (head_dim == 32 || head_dim == 64 || head_dim == 128) && t > 0 &&
+         t <= int64_t{65535} * kTile && max_smem(head_dim) <= smem_per_block();
 }
 
 }  // namespace
@@ -624,8 +631,7 @@ bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim) {
 }
 
 bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim) {
-  return fused_attention_supported_impl(dt, t, head_dim) &&
-         fwd_bm(t, static_cast<int>(head_dim)) == 64;
+  return fused_attention_supported_impl(dt, t, head_dim);
 }
 
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
@@ -635,24 +641,15 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
   check_aligned({&qkv, &y}, "fused_attention");
   const int64_t b = qkv.size(0), t = qkv.size(1), hd = qkv.size(2) / (3 * heads);
   if (b == 0 || t == 0) return;
-  const int bm = fwd_bm(t, static_cast<int>(hd));
-  const int sld = static_cast<int>(fwd_sld(t, static_cast<int>(hd)));
   const DeviceMask mask = DeviceMask::from(d);
   with_half(qkv.dtype(), [&]<class H>() {
     using T = device_t<H>;
     with_head_dim(hd, [&]<int D>() {
-      const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + bm - 1) / bm));
-      auto launch = [&]<int BM>() {
-        const size_t bytes = fwd_smem_fixed<D, BM>() + static_cast<size_t>(BM) * sld * 4;
-        allow_smem(reinterpret_cast<const void*>(attn_fwd_kernel<T, D, BM>), bytes);
-        attn_fwd_kernel<T, D, BM><<<grid, BM * 2, bytes, stream(dev)>>>(
-            dptr<T>(qkv), dptr<T>(y), lse.data<float>(), t, static_cast<int>(heads), sld,
-            static_cast<float>(scale), mask);
-      };
-      if (bm == 64)
-        launch.template operator()<64>();
-      else
-        launch.template operator()<32>();
+      const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + kTile - 1) / kTile));
+      allow_smem(reinterpret_cast<const void*>(attn_fwd_kernel<T, D>), fwd_smem<D>());
+      attn_fwd_kernel<T, D><<<grid, kWarps * 32, fwd_smem<D>(), stream(dev)>>>(
+          dptr<T>(qkv), dptr<T>(y), lse.data<float>(), t, static_cast<int>(heads),
+          static_cast<float>(scale), mask);
       FFN_CHECK_LAUNCH();
     });
   });
@@ -671,19 +668,14 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   with_half(qkv.dtype(), [&]<class H>() {
     using T = device_t<H>;
     with_head_dim(hd, [&]<int D>() {
-      const int64_t rows = b * t * heads;
-      attn_rowdot_kernel<T, D><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream(dev)>>>(
-          dptr<T>(y), dptr<T>(dy), dsum.data<float>(), rows, t, static_cast<int>(heads));
-      FFN_CHECK_LAUNCH();
-      const unsigned tiles = static_cast<unsigned>((t + 63) / 64);
-      const dim3 grid(static_cast<unsigned>(b * heads), tiles);
-      allow_smem(reinterpret_cast<const void*>(attn_bwd_dkv_kernel<T, D>), bwd_smem<D>());
-      attn_bwd_dkv_kernel<T, D><<<grid, 128, bwd_smem<D>(), stream(dev)>>>(
-          dptr<T>(qkv), dptr<T>(dy), lse.data<float>(), dsum.data<float>(), dptr<T>(dqkv), t,
-          static_cast<int>(heads), static_cast<float>(scale), mask);
-      FFN_CHECK_LAUNCH();
+      const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + kTile - 1) / kTile));
       allow_smem(reinterpret_cast<const void*>(attn_bwd_dq_kernel<T, D>), dq_smem<D>());
-      attn_bwd_dq_kernel<T, D><<<grid, 128, dq_smem<D>(), stream(dev)>>>(
+      attn_bwd_dq_kernel<T, D><<<grid, kWarps * 32, dq_smem<D>(), stream(dev)>>>(
+          dptr<T>(qkv), dptr<T>(y), dptr<T>(dy), lse.data<float>(), dsum.data<float>(),
+          dptr<T>(dqkv), t, static_cast<int>(heads), static_cast<float>(scale), mask);
+      FFN_CHECK_LAUNCH();
+      allow_smem(reinterpret_cast<const void*>(attn_bwd_dkv_kernel<T, D>), dkv_smem<D>());
+      attn_bwd_dkv_kernel<T, D><<<grid, kWarps * 32, dkv_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(dy), lse.data<float>(), dsum.data<float>(), dptr<T>(dqkv), t,
           static_cast<int>(heads), static_cast<float>(scale), mask);
       FFN_CHECK_LAUNCH();
