@@ -137,7 +137,17 @@ void Var::backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const {
               "before calling backward a second time");
     Tensor g_out = std::move(found->second);
     pending.erase(found);
+    // Note [Accumulating backward]. (Pointers into an unordered_map stay valid: backward
+    // adds no entries.)
+    node->sums.assign(node->inputs.size(), nullptr);
+    for (size_t i = 0; i < node->inputs.size(); ++i) {
+      const Var& in = node->inputs[i];
+      if (!in.defined() || !in.requires_grad() || !in.grad_fn()) continue;
+      const auto slot = pending.find(in.grad_fn().get());
+      if (slot != pending.end() && slot->second.defined()) node->sums[i] = &slot->second;
+    }
     std::vector<Tensor> grads = node->backward(std::move(g_out));
+    node->sums.clear();
     node->release();
     node->released = true;
     FFN_CHECK(grads.size() == node->inputs.size(), "[backward] '", node->name(), "' returned ",

@@ -15,6 +15,16 @@
 // tensor a node returns must otherwise be freshly allocated. The engine sums
 // gradients in place into tensors it owns; if a node returns the same storage
 // twice, the engine clones the second one, so nothing is ever summed twice.
+//
+// Note [Accumulating backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Right before a node's backward, the engine sets node->sums[i] to the gradient it has
+// already summed for inputs[i] when inputs[i] is an op's output with a defined pending sum
+// (never a leaf's grad, which the user sees), else null. That tensor is the engine's own
+// (Note [Gradient ownership]), so a node may add its gradient for input i into *sums[i] in
+// place — in the kernel that computes it, saving a pass — and return an undefined tensor
+// for i. LayerNorm does this for the residual stream (layers/functional.cpp): the residual
+// add's gradient always arrives first. sums is cleared after backward.
 #pragma once
 
 #include <functional>
@@ -82,6 +92,7 @@ class Node {
   virtual size_t saved_bytes() const { return 0; }
 
   std::vector<Var> inputs;  // entries may be undefined Vars (absent optional inputs)
+  std::vector<Tensor*> sums;  // during backward only: Note [Accumulating backward]
   bool released = false;
 };
 

@@ -20,21 +20,25 @@ namespace ffn {
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                 Tensor& mean, Tensor& rstd);
-// Any of dx, dw, db may be null (not needed).
+// Any of dx, dw, db may be null (not needed). With accumulate_dx the gradient is added to
+// what dx holds (autograd's residual-stream sums, Note [Accumulating backward]).
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db);
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
+                         bool accumulate_dx = false);
 
 namespace cpu {
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                 Tensor& mean, Tensor& rstd);
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db);
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
+                         bool accumulate_dx);
 }  // namespace cpu
 namespace cuda {
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                 Tensor& mean, Tensor& rstd);
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db);
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
+                         bool accumulate_dx);
 }  // namespace cuda
 
 }  // namespace ffn

@@ -147,13 +147,21 @@ class LayerNormNode final : public Node {
     const Tensor x2 = x.view_2d();
     std::vector<Tensor> g(3);
     Tensor dx, dw, db;
-    if (inputs[0].requires_grad()) dx = Tensor::empty(x2.shape(), x.dtype(), x.device());
+    // Add dx straight into the sum the engine already holds for x when there is one (the
+    // residual stream; Note [Accumulating backward]): no separate gradient-sum pass.
+    const Tensor* sum = sums.empty() ? nullptr : sums[0];
+    const bool into_sum = inputs[0].requires_grad() && sum && sum->dtype() == x.dtype() &&
+                          sum->shape() == x.shape() && sum->is_contiguous();
+    if (into_sum)
+      dx = sum->view_2d();
+    else if (inputs[0].requires_grad())
+      dx = Tensor::empty(x2.shape(), x.dtype(), x.device());
     if (inputs[1].requires_grad()) dw = Tensor::empty(w.shape(), w.dtype(), w.device());
     if (inputs[2].defined() && inputs[2].requires_grad())
       db = Tensor::empty(w.shape(), w.dtype(), w.device());
     layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
-                        dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr);
-    if (dx.defined()) g[0] = dx.reshape(x.shape());
+                        dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum);
+    if (dx.defined() && !into_sum) g[0] = dx.reshape(x.shape());
     g[1] = dw;
     g[2] = db;
     return g;

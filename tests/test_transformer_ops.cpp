@@ -100,6 +100,32 @@ TEST_CASE("layer_norm matches its formula and passes FD checks (x, w, b)") {
                        doctest::Contains("[layer_norm] w.shape=[5] but expected [6]"), Error);
 }
 
+TEST_CASE("layer_norm backward can add dx into a sum; autograd does so for a residual stream") {
+  Generator g(40);
+  const Tensor x = rand64({5, 9}, g, 2.0), w = rand64({9}, g), dy = rand64({5, 9}, g);
+  Tensor y = Tensor::empty({5, 9}, DType::f64), mean = Tensor::empty({5}, DType::f64),
+         rstd = Tensor::empty({5}, DType::f64);
+  layer_norm(x, w, Tensor(), 1e-5, y, mean, rstd);
+  Tensor dx = Tensor::empty({5, 9}, DType::f64);
+  layer_norm_backward(dy, x, w, mean, rstd, &dx, nullptr, nullptr);
+  const Tensor prev = rand64({5, 9}, g);
+  Tensor sum = prev.clone();
+  layer_norm_backward(dy, x, w, mean, rstd, &sum, nullptr, nullptr, /*accumulate_dx=*/true);
+  const auto sv = sum.to_vector(), pv = prev.to_vector(), dv = dx.to_vector();
+  for (size_t i = 0; i < sv.size(); ++i) CHECK(sv[i] == doctest::Approx(pv[i] + dv[i]).epsilon(1e-14));
+  CHECK_THROWS_WITH_AS(
+      layer_norm_backward(dy, x, w, mean, rstd, nullptr, nullptr, nullptr, true),
+      doctest::Contains("[layer_norm_backward] accumulate_dx needs a contiguous dx"), Error);
+  // h feeds both the residual add and the LayerNorm: the add's gradient reaches h's sum
+  // first and the LayerNorm adds into it (Note [Accumulating backward]).
+  gradcheck(
+      [&](const std::vector<Var>& in) {
+        const Var h = fn::add(in[0], in[0]);
+        return fn::add(h, fn::layer_norm(h, in[1], in[2], 1e-5));
+      },
+      {rand64({3, 4, 7}, g, 2.0), rand64({7}, g), rand64({7}, g)}, {"x", "w", "b"});
+}
+
 TEST_CASE("cross_entropy matches -log softmax, passes FD checks, rejects bad targets") {
   Generator g(23);
   const Tensor logits = rand64({3, 4}, g, 3.0);

@@ -87,15 +87,18 @@ FFN_GPU_TEST("embedding on the GPU: gather exact, backward deterministic and equ
       doctest::Contains("[embedding] ids[1]=7 is out of range [0, 5)"), Error);
 }
 
-FFN_GPU_TEST("layer_norm on the GPU matches the CPU (forward, dx, dw, db)") {
+// C % 8 == 0 up to 1024 with 16-bit w takes the one-pass backward kernel (several 64-row
+// blocks at 130 and 200 rows); the rest the per-row kernel + column sums.
+FFN_GPU_TEST("layer_norm on the GPU matches the CPU (forward, dx, dw, db, dx added to a sum)") {
   Generator g(32);
   for (auto [m, c] : {std::pair<int64_t, int64_t>{1, 1}, {37, 3}, {5, 7}, {33, 1600}, {9, 4097},
-                      {64, 384}, {0, 8}})
+                      {64, 384}, {0, 8}, {3, 8}, {200, 1000}, {130, 768}})
     for (DType dt : {DType::f32, DType::bf16}) {
       const Tensor x = rand64({m, c}, g, 3.0).to(dt).to(DType::f64);
       const Tensor w = rand64({c}, g).to(dt).to(DType::f64);
       const Tensor b = rand64({c}, g).to(dt).to(DType::f64);
       const Tensor dy = rand64({m, c}, g).to(dt).to(DType::f64);
+      const Tensor prev = rand64({m, c}, g).to(dt).to(DType::f64);
       auto run = [&](DType t, Device d) {
         const DType sd = acc_dtype(t);
         Tensor y = Tensor::empty({m, c}, t, d), mu = Tensor::empty({m}, sd, d),
@@ -105,18 +108,22 @@ FFN_GPU_TEST("layer_norm on the GPU matches the CPU (forward, dx, dw, db)") {
                db = Tensor::empty({c}, t, d);
         // The backward reads the forward's statistics (each in its own precision).
         layer_norm_backward(dy.to(t).to(d), x.to(t).to(d), w.to(t).to(d), mu, rs, &dx, &dw, &db);
-        return std::vector<Tensor>{y, dx, dw, db};
+        // dx added to a sum already there (as autograd does for the residual stream).
+        Tensor sum = prev.to(t).to(d);
+        layer_norm_backward(dy.to(t).to(d), x.to(t).to(d), w.to(t).to(d), mu, rs, &sum, nullptr,
+                            nullptr, /*accumulate_dx=*/true);
+        return std::vector<Tensor>{y, dx, dw, db, sum};
       };
       const auto gpu = run(dt, kGpu), r64 = run(DType::f64, Device::cpu()),
                  r32 = run(DType::f32, Device::cpu());
-      const char* names[] = {"y", "dx", "dw", "db"};
+      const char* names[] = {"y", "dx", "dw", "db", "prev + dx"};
       // dx's terms are rstd·dy·w; rstd is 1/√eps when a row is constant (C = 1).
       const double dx_terms = m ? max_abs(dy) * max_abs(w) / std::sqrt(1e-5) : 0.0;
-      for (int i = 0; i < 4; ++i)
-        compare(gpu[i], r64[i], r32[i], dt, i < 2 ? static_cast<double>(c) : static_cast<double>(m),
+      for (int i = 0; i < 5; ++i)
+        compare(gpu[i], r64[i], r32[i], dt, i == 2 || i == 3 ? static_cast<double>(m) : static_cast<double>(c),
                 std::string("layer_norm ") + names[i] + " " + std::to_string(m) + "x" +
                     std::to_string(c),
-                i == 1 && c == 1 ? dx_terms : 0.0);
+                (i == 1 || i == 4) && c == 1 ? dx_terms : 0.0);
     }
 }
 

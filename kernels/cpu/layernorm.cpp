@@ -53,7 +53,8 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db) {
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
+                         bool accumulate_dx) {
   const char* op = "layer_norm_backward";
   detail::check_matrix(x, op, "x");
   check_defined(w, op, "w");
@@ -67,15 +68,17 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
   check_stats(mean, x, op, "mean");
   check_stats(rstd, x, op, "rstd");
   if (dx) detail::check_like(*dx, x, x.shape(), op, "dx");
+  FFN_CHECK(!accumulate_dx || (dx && dx->is_contiguous()), "[", op,
+            "] accumulate_dx needs a contiguous dx to add to");
   if (dw) detail::check_like(*dw, w, {x.size(1)}, op, "dw");
   if (db) detail::check_like(*db, w, {x.size(1)}, op, "db");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
 #if FFN_WITH_CUDA
-    return cuda::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db);
+    return cuda::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx);
 #endif
   }
-  cpu::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db);
+  cpu::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx);
 }
 
 namespace cpu {
@@ -107,7 +110,8 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db) {
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
+                         bool accumulate_dx) {
   FFN_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&]<class T>() {
     const int64_t m = x.size(0), c = x.size(1);
     const T* xp = x.data<T>();
@@ -131,7 +135,9 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
       if (dx)
         for (int64_t j = 0; j < c; ++j) {
           const double gj = static_cast<double>(g[i * c + j]) * wp[j];
-          dx->data<T>()[i * c + j] = static_cast<T>(rp[i] * (gj - s1 - xh[j] * s2));
+          T& out = dx->data<T>()[i * c + j];
+          const double v = rp[i] * (gj - s1 - xh[j] * s2);
+          out = static_cast<T>(accumulate_dx ? static_cast<double>(out) + v : v);
         }
     }
     for (int64_t j = 0; j < c; ++j) {

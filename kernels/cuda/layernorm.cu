@@ -1,8 +1,13 @@
 // kernels/cuda/layernorm.cu — fused LayerNorm forward/backward (kernels/layernorm.h).
 //
 // Forward and dx: one warp per row, fp32 statistics (shuffle reductions in a fixed
-// order, so results are deterministic). dw/db: the rowwise framework's column sums
-// (Note [Deterministic column sums]) over dy ⊙ x̂ and dy.
+// order, so results are deterministic). Backward, the common shapes (16-bit w, C % 8 == 0,
+// C ≤ 1024, aligned rows): one kernel reads x and dy once and writes dx (optionally added
+// to what dx holds: the residual stream's gradient sum) and the dw/db partial sums of its
+// 64 rows; a warp takes rows w, w+8, … of the block in order, warps are summed in order,
+// and reduce_partials sums the blocks in order (Note [Deterministic column sums]: a
+// function of M and C only). Other shapes: dx per row, then the rowwise framework's column
+// sums over dy ⊙ x̂ and dy.
 #include "kernels/cuda/rowwise.cuh"
 #include "kernels/layernorm.h"
 
@@ -52,7 +57,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 template <class X, class T, class S>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_dx_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
-                 int64_t m, int64_t c) {
+                 bool accumulate, int64_t m, int64_t c) {
   using A = acc_t<T>;
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.y;
   if (row >= m) return;
@@ -71,7 +76,86 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (int64_t j = threadIdx.x; j < c; j += 32) {
     const A g = to_acc(gr[j]) * to_acc(w[j]);
     const A xh = (to_acc(xr[j]) - mu) * r;
-    out[j] = from_acc<X>(r * (g - s1 - xh * s2));
+    const A v = r * (g - s1 - xh * s2);
+    out[j] = from_acc<X>(accumulate ? to_acc(out[j]) + v : v);
+  }
+}
+
+constexpr int kBwdRows = 64;       // rows per block of ln_backward_kernel
+constexpr int kBwdMaxCols = 1024;  // its column bound (registers: K = C/256 vectors of 8)
+
+// The fused backward over rows [64·block, 64·block + 64): dx (+= when accumulate; dx may be
+// null) and, when partials is set, partials[block][0, C) = Σ dy ⊙ x̂, partials[block][C, 2C) = Σ dy.
+// Lane l handles the 8-column vectors l, l+32, … (K of them at most).
+template <class X, class T, class S, int K>
+__global__ void __launch_bounds__(32 * kWarps)
+    ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
+                       bool accumulate, float* partials, int64_t m, int c) {
+  __shared__ float red[2][kBwdMaxCols];
+  const int warp = threadIdx.y, lane = threadIdx.x, nv = c / 8;
+  float wv[K][8], aw[K][8] = {}, ab[K][8] = {};
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < nv) load_vec<8>(w + 8 * (lane + 32 * k), wv[k]);
+  for (int rr = 0; rr < kBwdRows / kWarps; ++rr) {
+    const int64_t row = int64_t{blockIdx.x} * kBwdRows + rr * kWarps + warp;
+    if (row >= m) break;
+    float xv[K][8], gv[K][8];
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < nv) {
+        load_vec<8>(x + row * c + 8 * (lane + 32 * k), xv[k]);
+        load_vec<8>(dy + row * c + 8 * (lane + 32 * k), gv[k]);
+      }
+    const float mu = static_cast<float>(mean[row]), r = static_cast<float>(rstd[row]);
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < nv)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          xv[k][j] = (xv[k][j] - mu) * r;  // x̂ from here on
+          const float g = gv[k][j] * wv[k][j];
+          s1 += g;
+          s2 += g * xv[k][j];
+        }
+    s1 = warp_sum(s1) / static_cast<float>(c);
+    s2 = warp_sum(s2) / static_cast<float>(c);
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < nv) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          aw[k][j] += gv[k][j] * xv[k][j];
+          ab[k][j] += gv[k][j];
+        }
+        if (!dx) continue;
+        X* out = dx + row * c + 8 * (lane + 32 * k);
+        float o[8], prev[8] = {};
+        if (accumulate) load_vec<8>(out, prev);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = prev[j] + r * (gv[k][j] * wv[k][j] - s1 - xv[k][j] * s2);
+        store_vec<8>(out, o);
+      }
+  }
+  if (!partials) return;
+  for (int wi = 0; wi < kWarps; ++wi) {  // warp sums in warp order
+    if (warp == wi)
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+        if (lane + 32 * k < nv)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const int col = 8 * (lane + 32 * k) + j;
+            red[0][col] = (wi ? red[0][col] : 0.0f) + aw[k][j];
+            red[1][col] = (wi ? red[1][col] : 0.0f) + ab[k][j];
+          }
+    __syncthreads();
+  }
+  float* part = partials + int64_t{blockIdx.x} * 2 * c;
+  for (int col = warp * 32 + lane; col < c; col += 32 * kWarps) {
+    part[col] = red[0][col];
+    part[c + col] = red[1][col];
   }
 }
 
@@ -143,30 +227,65 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db) {
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
+                         bool accumulate_dx) {
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   const int64_t m = x.size(0), c = x.size(1);
   dispatch_ln(x, w, "layer_norm_backward", [&]<class X, class T>() {
     using S = acc_t<T>;
+    const bool sums = dw || db;
+    const bool fused = sizeof(T) == 2 && c % 8 == 0 && c <= kBwdMaxCols && m > 0 &&
+                       reinterpret_cast<uintptr_t>(dptr<X>(x)) % 32 == 0 &&
+                       (!dx || reinterpret_cast<uintptr_t>(dptr<X>(dx)) % 32 == 0) &&
+                       can_vectorize(8, c, {dptr<T>(dy), dptr<T>(w)});
+    if (fused) {
+      if constexpr (sizeof(T) == 2) {
+        const int64_t blocks = (m + kBwdRows - 1) / kBwdRows;
+        Tensor partials;
+        if (sums) partials = Tensor::empty({blocks * 2 * c}, DType::f32, x.device());
+        const int k = static_cast<int>((c / 8 + 31) / 32);
+        auto launch = [&]<int K>() {
+          ln_backward_kernel<X, T, S, K><<<static_cast<unsigned>(blocks), dim3(32, kWarps), 0,
+                                           stream(dev)>>>(
+              dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd),
+              dptr<X>(dx), accumulate_dx, sums ? partials.data<float>() : nullptr, m,
+              static_cast<int>(c));
+        };
+        if (k == 1) launch.template operator()<1>();
+        else if (k == 2) launch.template operator()<2>();
+        else if (k == 3) launch.template operator()<3>();
+        else launch.template operator()<4>();
+        FFN_CHECK_LAUNCH();
+        if (!sums) return;
+        Tensor both = Tensor::empty({2 * c}, w.dtype(), w.device());
+        reduce_partials_kernel<float, T><<<static_cast<unsigned>((2 * c + 31) / 32), dim3(32, 8),
+                                           0, stream(dev)>>>(partials.data<float>(), blocks,
+                                                             2 * c, dptr<T>(both));
+        FFN_CHECK_LAUNCH();
+        if (dw) dw->copy_(both.narrow(0, 0, c));
+        if (db) db->copy_(both.narrow(0, c, c));
+        return;
+      }
+    }
     if (dx && m > 0) {
       const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
       ln_dx_kernel<X, T, S><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
           dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd), dptr<X>(dx),
-          m, c);
+          accumulate_dx, m, c);
       FFN_CHECK_LAUNCH();
     }
-    if (!dw && !db) return;
-    Tensor sums = Tensor::empty({2 * c}, w.dtype(), w.device());
+    if (!sums) return;
+    Tensor both = Tensor::empty({2 * c}, w.dtype(), w.device());
     const LnParamGrads<X, T, S> op{dptr<T>(dy), dptr<X>(x), stat_ptr<S>(mean), stat_ptr<S>(rstd),
                                    c};
     // A vector of x spans VEC·sizeof(X) bytes (32 for fp32 x with bf16 w): require that.
     constexpr int kVec = 16 / sizeof(T);
     const bool aligned = can_vectorize(kVec, c, {op.dy, op.x}) &&
                          reinterpret_cast<uintptr_t>(op.x) % (kVec * sizeof(X)) == 0;
-    launch_rowwise<T>(op, aligned, m, c, dev, dptr<T>(sums));
-    if (dw) dw->copy_(sums.narrow(0, 0, c));
-    if (db) db->copy_(sums.narrow(0, c, c));
+    launch_rowwise<T>(op, aligned, m, c, dev, dptr<T>(both));
+    if (dw) dw->copy_(both.narrow(0, 0, c));
+    if (db) db->copy_(both.narrow(0, c, c));
   });
 }
 
