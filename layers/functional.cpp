@@ -3,6 +3,7 @@
 
 #include "kernels/bias_dropout.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -16,6 +17,11 @@ Shape with_last(const Shape& s, int64_t last) {
   Shape out = s;
   out.back() = last;
   return out;
+}
+
+// The [rows, last] view the elementwise kernels take; a scalar is [1, 1].
+Tensor as_2d(const Tensor& t) {
+  return t.dim() == 0 ? t.reshape({1, 1}) : t.view_2d();
 }
 
 class LinearNode final : public Node {
@@ -42,10 +48,31 @@ class DropoutNode final : public Node {
   explicit DropoutNode(const DropoutSpec& d) : d_(d) {}
   const char* name() const override { return "dropout"; }
   std::vector<Tensor> backward(Tensor d_out) override {
-    const Tensor dy = d_out.view_2d();
+    const Tensor dy = as_2d(d_out);
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     dropout_dbias(dy, d_, &dx, nullptr);
     return {dx.reshape(d_out.shape())};
+  }
+  void release() override {}
+
+ private:
+  DropoutSpec d_;
+};
+
+class DropoutAddNode final : public Node {
+ public:
+  explicit DropoutAddNode(const DropoutSpec& d) : d_(d) {}
+  const char* name() const override { return "dropout_add"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const Tensor& y = inputs[1].value();
+    Tensor dy;
+    if (inputs[1].requires_grad()) {
+      dy = Tensor::empty(y.shape(), y.dtype(), y.device());
+      Tensor dy2 = as_2d(dy);
+      dropout_add_backward(as_2d(d_out), d_, dy2);
+    }
+    const DType dr = inputs[0].value().dtype();
+    return {dr == d_out.dtype() ? d_out : d_out.to(dr), dy};  // Note [Gradient ownership]
   }
   void release() override {}
 
@@ -212,11 +239,20 @@ Var linear(const Var& x, const Var& w, const Var& b) {
 
 Var dropout(const Var& x, const DropoutSpec& d) {
   const Tensor& xv = x.value();
-  if (xv.dim() == 0) return dropout(Var(xv.reshape({1})), d);
-  const Tensor x2 = xv.view_2d();
+  const Tensor x2 = as_2d(xv);
   Tensor y = Tensor::empty(x2.shape(), x2.dtype(), x2.device());
   bias_dropout(x2, Tensor(), d, y);
   return make_output(y.reshape(xv.shape()), std::make_shared<DropoutNode>(d), {x});
+}
+
+Var dropout_add(const Var& res, const Var& y, const DropoutSpec& d) {
+  FFN_CHECK(res.shape() == y.shape(), "[dropout_add] res.shape=", shape_str(res.shape()),
+            " != y.shape=", shape_str(y.shape()));
+  const Tensor& rv = res.value();
+  Tensor out = Tensor::empty(rv.shape(), rv.dtype(), rv.device());
+  Tensor out2 = as_2d(out);
+  ffn::dropout_add(as_2d(rv), as_2d(y.value()), d, out2);
+  return make_output(out, std::make_shared<DropoutAddNode>(d), {res, y});
 }
 
 Var add(const Var& a, const Var& b) {

@@ -18,6 +18,10 @@ Var dropout(const Var& x, const DropoutSpec& d);
 // y = a + b (same shape). One of them may be 16-bit when the other is fp32 (a mixed-precision
 // residual add); y then is fp32 and each input's gradient comes back in its own dtype.
 Var add(const Var& a, const Var& b);
+// out = res + dropout(y) in one pass each way (kernels/dropout_add.h): the pre-LN block's
+// residual add of a branch. res may be the fp32 stream of a 16-bit y (GPU); out is in res's
+// dtype and each gradient comes back in its input's dtype.
+Var dropout_add(const Var& res, const Var& y, const DropoutSpec& d);
 // x converted to `dtype` (identity when it already is); the gradient converts back.
 Var cast(const Var& x, DType dtype);
 // loss = mean((pred - target)²), shape []. target gets no gradient.

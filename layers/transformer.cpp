@@ -89,8 +89,10 @@ namespace {
 double proj_std(const GptConfig& cfg) {
   return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.layers));
 }
+// The block applies the residual dropout itself (in fn::dropout_add), so the attention
+// module drops only its probabilities.
 AttentionOptions attn_opts(const GptConfig& cfg) {
-  return AttentionOptions{cfg.d_model, cfg.heads,     cfg.dropout,   cfg.dropout,
+  return AttentionOptions{cfg.d_model, cfg.heads,     cfg.dropout,   0.0f,
                           cfg.bias,    cfg.init_std,  proj_std(cfg), cfg.place,
                           cfg.fused_attention};
 }
@@ -99,6 +101,8 @@ AttentionOptions attn_opts(const GptConfig& cfg) {
 TransformerBlock::TransformerBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng,
                                    Generator& init)
     : d_model_(cfg.d_model),
+      dropout_(cfg.dropout),
+      rng_(rng),
       ln_1_(cfg.d_model, cfg.bias, cfg.place),
       attn_(attn_opts(cfg), rng, init),
       ln_2_(cfg.d_model, cfg.bias, cfg.place) {
@@ -109,8 +113,8 @@ TransformerBlock::TransformerBlock(const GptConfig& cfg, std::shared_ptr<Generat
   f.act = cfg.ffn == FfnKind::swiglu  ? Activation::silu
           : cfg.ffn == FfnKind::geglu ? Activation::gelu_tanh
                                       : Activation::gelu_erf;
-  f.dropout = 0.0f;  // nanoGPT drops only the MLP output
-  f.out_dropout = cfg.dropout;
+  f.dropout = 0.0f;      // nanoGPT drops only the MLP output,
+  f.out_dropout = 0.0f;  // which the block does in its residual add
   f.bias = cfg.bias;
   f.init_std = cfg.init_std;
   f.place = cfg.place;
@@ -132,9 +136,13 @@ void TransformerBlock::check_input(const Tensor& x) const {
 
 Var TransformerBlock::forward_impl(const Var& x) {
   // x is the residual stream (fp32 for 16-bit models); the branches compute in the
-  // parameters' dtype and their outputs are added in x's.
-  const Var a = fn::add(x, attn_.forward(ln_1_.forward(x)));
-  return fn::add(a, mlp_->forward(ln_2_.forward(a)));
+  // parameters' dtype, and x + dropout(branch) is one pass each way in x's dtype.
+  const bool drop = is_training() && dropout_ > 0.0f;
+  auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
+  const Var h = attn_.forward(ln_1_.forward(x));
+  const Var a = fn::dropout_add(x, h, spec());
+  const Var m = mlp_->forward(ln_2_.forward(a));
+  return fn::dropout_add(a, m, spec());
 }
 
 GPT::GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)

@@ -102,6 +102,8 @@ class TransformerBlock : public Layer {
 
  private:
   int64_t d_model_;
+  float dropout_;                     // on each branch output, applied in the residual add
+  std::shared_ptr<Generator> rng_;    // draws those masks
   LayerNorm ln_1_;
   CausalSelfAttention attn_;
   LayerNorm ln_2_;

@@ -1,5 +1,5 @@
 // tests/test_transformer_ops.cpp — the transformer ops' CPU references (embedding,
-// layer_norm, cross_entropy, causal softmax/attention, fused attention, batched GEMM,
+// layer_norm, dropout_add, cross_entropy, causal softmax/attention, fused attention, batched GEMM,
 // AdamW): direct formulas, fp64 finite differences, and their argument checks. Part of
 // test_kernels.
 #include <cmath>
@@ -8,6 +8,7 @@
 #include "kernels/attention.h"
 #include "kernels/bias_dropout.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -18,6 +19,7 @@
 using namespace ffn;
 using ffn::test::check_close;
 using ffn::test::gradcheck;
+using ffn::test::max_abs_diff;
 using ffn::test::rand64;
 
 namespace {
@@ -124,6 +126,44 @@ TEST_CASE("layer_norm backward can add dx into a sum; autograd does so for a res
         return fn::add(h, fn::layer_norm(h, in[1], in[2], 1e-5));
       },
       {rand64({3, 4, 7}, g, 2.0), rand64({7}, g), rand64({7}, g)}, {"x", "w", "b"});
+}
+
+TEST_CASE("dropout_add equals res + bias_dropout(y), passes FD checks, rejects bad inputs") {
+  Generator g(41);
+  for (DType dt : {DType::f64, DType::f32})
+    for (const Shape& s : {Shape{1, 1}, Shape{7, 13}, Shape{33, 64}}) {
+      const Tensor res = rand64(s, g).to(dt), y = rand64(s, g).to(dt);
+      const DropoutSpec d{0.3f, 11, 4};
+      Tensor out = Tensor::empty(s, dt), yd = Tensor::empty(s, dt);
+      dropout_add(res, y, d, out);
+      bias_dropout(y, Tensor(), d, yd);
+      Tensor want = res.clone();
+      want.add_(yd);
+      CHECK(max_abs_diff(out.to(DType::f64), want.to(DType::f64)) == 0.0);  // same mask, same rounding
+      // Backward: dy = dout ⊙ mask/(1−p), the bias_dropout backward.
+      const Tensor dout = rand64(s, g).to(dt);
+      Tensor dy = Tensor::empty(s, dt), dz = Tensor::empty(s, dt);
+      dropout_add_backward(dout, d, dy);
+      dropout_dbias(dout, d, &dz, nullptr);
+      CHECK(max_abs_diff(dy.to(DType::f64), dz.to(DType::f64)) == 0.0);
+    }
+  for (float p : {0.0f, 0.4f})
+    gradcheck(
+        [&](const std::vector<Var>& in) { return fn::dropout_add(in[0], in[1], {p, 3, 0}); },
+        {rand64({2, 3, 5}, g), rand64({2, 3, 5}, g)}, {"res", "y"});
+  Tensor out = Tensor::empty({2, 3}, DType::f64);
+  CHECK_THROWS_WITH_AS(dropout_add(rand64({2, 4}, g), rand64({2, 3}, g), {}, out),
+                       doctest::Contains("[dropout_add] res.shape=[2, 4]"), Error);
+  CHECK_THROWS_WITH_AS(dropout_add(rand64({2, 3}, g).to(DType::f32), rand64({2, 3}, g), {}, out),
+                       doctest::Contains("[dropout_add] res is f32 but y is f64"), Error);
+  CHECK_THROWS_WITH_AS(dropout_add(rand64({2, 3}, g), rand64({2, 3}, g), {1.5f, 1, 0}, out),
+                       doctest::Contains("[dropout_add]"), Error);
+  Tensor small = Tensor::empty({2, 2}, DType::f64);
+  CHECK_THROWS_WITH_AS(dropout_add_backward(rand64({2, 3}, g), {}, small),
+                       doctest::Contains("[dropout_add_backward] dy.shape=[2, 2]"), Error);
+  // A scalar branch keeps its gradient (fn::dropout and fn::dropout_add view it as [1, 1]).
+  gradcheck([&](const std::vector<Var>& in) { return fn::dropout_add(in[0], fn::dropout(in[1], {0.5f, 2, 0}), {}); },
+            {rand64({}, g), rand64({}, g)}, {"res", "y"});
 }
 
 TEST_CASE("cross_entropy matches -log softmax, passes FD checks, rejects bad targets") {

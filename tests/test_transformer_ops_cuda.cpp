@@ -10,6 +10,7 @@
 #include "kernels/attention.h"
 #include "kernels/bias_dropout.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
@@ -125,6 +126,51 @@ FFN_GPU_TEST("layer_norm on the GPU matches the CPU (forward, dx, dw, db, dx add
                     std::to_string(c),
                 (i == 1 || i == 4) && c == 1 ? dx_terms : 0.0);
     }
+}
+
+// f32: the kernels round like the CPU reference (no FMA contraction), so bit for bit; the
+// fp32 stream + 16-bit branch: out is the exact res + y·mask rounded once to fp32, dy is
+// dout·mask rounded once to the 16-bit type. Odd sizes take the scalar path, multiples of 8
+// the 16-byte one; dropout off and on.
+FFN_GPU_TEST("dropout_add on the GPU: f32 equals the CPU, fp32 + bf16/f16 within one rounding") {
+  Generator g(42);
+  for (const Shape& s : {Shape{1, 1}, Shape{7, 13}, Shape{33, 384}, Shape{6, 1000}})
+    for (float p : {0.0f, 0.2f}) {
+      const DropoutSpec d{p, 21, 6};
+      const Tensor res = rand64(s, g).to(DType::f32), dout = rand64(s, g).to(DType::f32);
+      const std::string tag = " " + shape_str(s) + " p=" + std::to_string(p);
+      {
+        const Tensor y = rand64(s, g).to(DType::f32);
+        Tensor out = Tensor::empty(s, DType::f32), dy = Tensor::empty(s, DType::f32);
+        dropout_add(res, y, d, out);
+        dropout_add_backward(dout, d, dy);
+        Tensor out_g = Tensor::empty(s, DType::f32, kGpu), dy_g = Tensor::empty(s, DType::f32, kGpu);
+        dropout_add(res.to(kGpu), y.to(kGpu), d, out_g);
+        dropout_add_backward(dout.to(kGpu), d, dy_g);
+        CHECK_MESSAGE(max_abs_diff(out_g.to(Device::cpu()), out) == 0.0, "f32 out", tag);
+        CHECK_MESSAGE(max_abs_diff(dy_g.to(Device::cpu()), dy) == 0.0, "f32 dy", tag);
+      }
+      for (DType dt : {DType::bf16, DType::f16}) {
+        const Tensor y = rand64(s, g).to(dt);
+        Tensor out_g = Tensor::empty(s, DType::f32, kGpu), dy_g = Tensor::empty(s, dt, kGpu);
+        dropout_add(res.to(kGpu), y.to(kGpu), d, out_g);
+        dropout_add_backward(dout.to(kGpu), d, dy_g);
+        // f64 references of the exact values (same mask: the f64 CPU op).
+        Tensor out64 = Tensor::empty(s, DType::f64), dy64 = Tensor::empty(s, DType::f64);
+        dropout_add(res.to(DType::f64), y.to(DType::f64), d, out64);
+        dropout_add_backward(dout.to(DType::f64), d, dy64);
+        const double u = std::ldexp(1.0, dt == DType::bf16 ? -8 : -11);
+        CHECK_MESSAGE(max_abs_diff(out_g.to(Device::cpu()).to(DType::f64), out64) <=
+                          std::ldexp(1.0, -24) * max_abs(out64),
+                      "mixed out ", dtype_name(dt), tag);
+        CHECK_MESSAGE(max_abs_diff(dy_g.to(Device::cpu()).to(DType::f64), dy64) <= u * max_abs(dy64),
+                      "mixed dy ", dtype_name(dt), tag);
+      }
+    }
+  Tensor out = Tensor::empty({2, 3}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH_AS(dropout_add(Tensor::zeros({2, 3}, DType::f16, kGpu),
+                                   Tensor::zeros({2, 3}, DType::bf16, kGpu), {}, out),
+                       doctest::Contains("[dropout_add] res is f16 but y is bf16"), Error);
 }
 
 FFN_GPU_TEST("cross_entropy on the GPU matches the CPU; bad targets are errors") {
