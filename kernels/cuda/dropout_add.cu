@@ -47,18 +47,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-// Calls f.template operator()<T, X>() with T = y's device type and X = the wide side's.
-template <class F>
-void dispatch_pair(const Tensor& wide, const Tensor& y, const char* op, F&& f) {
-  FFN_DISPATCH_ALL(y.dtype(), op, [&]<class H>() {
-    using T = device_t<H>;
-    if (wide.dtype() == y.dtype())
-      f.template operator()<T, T>();
-    else if constexpr (sizeof(T) == 2)
-      f.template operator()<float, T>();  // the front door allows only fp32 here
-  });
-}
-
 // VEC elements per thread (16 bytes of y) when n and every base allow it, else 1.
 template <class T, class X>
 bool vector_ok(int64_t n, std::initializer_list<const void*> narrow,
@@ -78,7 +66,7 @@ void dropout_add(const Tensor& res, const Tensor& y, const DropoutSpec& d, Tenso
   const int64_t n = y.numel();
   if (n == 0) return;
   const DeviceMask mask = DeviceMask::from(d);
-  dispatch_pair(res, y, "dropout_add", [&]<class X, class T>() {
+  dispatch_mixed(res, y, "dropout_add", [&]<class X, class T>() {
     constexpr int kVec = 16 / sizeof(T);
     if (vector_ok<T, X>(n, {dptr<T>(y)}, {dptr<X>(res), dptr<X>(out)}))
       dropout_add_kernel<T, X, kVec><<<grid_for(n / kVec, 256), 256, 0, stream(dev)>>>(
@@ -96,7 +84,7 @@ void dropout_add_backward(const Tensor& dout, const DropoutSpec& d, Tensor& dy) 
   const int64_t n = dy.numel();
   if (n == 0) return;
   const DeviceMask mask = DeviceMask::from(d);
-  dispatch_pair(dout, dy, "dropout_add_backward", [&]<class X, class T>() {
+  dispatch_mixed(dout, dy, "dropout_add_backward", [&]<class X, class T>() {
     constexpr int kVec = 16 / sizeof(T);
     if (vector_ok<T, X>(n, {dptr<T>(dy)}, {dptr<X>(dout)}))
       dropout_add_bwd_kernel<T, X, kVec><<<grid_for(n / kVec, 256), 256, 0, stream(dev)>>>(

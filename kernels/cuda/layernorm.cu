@@ -196,18 +196,6 @@ S* stat_ptr(const Tensor& t) {
 }
 
 
-// Calls f.template operator()<X, T>() with T = w's device type and X = x's.
-template <class F>
-void dispatch_ln(const Tensor& x, const Tensor& w, const char* op, F&& f) {
-  FFN_DISPATCH_ALL(w.dtype(), op, [&]<class H>() {
-    using T = device_t<H>;
-    if (x.dtype() == w.dtype())
-      f.template operator()<T, T>();
-    else
-      f.template operator()<float, T>();  // the front door allows only fp32 x here
-  });
-}
-
 }  // namespace
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
@@ -216,7 +204,7 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
   DeviceGuard guard(dev);
   const int64_t m = x.size(0), c = x.size(1);
   if (m == 0) return;
-  dispatch_ln(x, w, "layer_norm", [&]<class X, class T>() {
+  dispatch_mixed(x, w, "layer_norm", [&]<class X, class T>() {
     using S = acc_t<T>;
     const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
     ln_forward_kernel<X, T, S><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
@@ -232,7 +220,7 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   const int64_t m = x.size(0), c = x.size(1);
-  dispatch_ln(x, w, "layer_norm_backward", [&]<class X, class T>() {
+  dispatch_mixed(x, w, "layer_norm_backward", [&]<class X, class T>() {
     using S = acc_t<T>;
     const bool sums = dw || db;
     const bool fused = sizeof(T) == 2 && c % 8 == 0 && c <= kBwdMaxCols && m > 0 &&

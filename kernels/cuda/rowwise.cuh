@@ -22,6 +22,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/cuda/types.cuh"
+#include "core/dispatch.h"
 #include "core/philox.h"
 #include "core/tensor.h"
 
@@ -242,6 +243,20 @@ void launch_rowwise(const Op& op, bool aligned, int64_t m, int64_t n, int device
                                    stream>>>(part, rc.chunks, width, sums);
     FFN_CHECK_LAUNCH();
   }
+}
+
+// Calls f.template operator()<X, T>() with T = narrow's device type and X = wide's: T
+// itself, or fp32 for a 16-bit T (the mixed-precision residual stream; the ops' front doors
+// allow no other pair).
+template <class F>
+void dispatch_mixed(const Tensor& wide, const Tensor& narrow, const char* op, F&& f) {
+  FFN_DISPATCH_ALL(narrow.dtype(), op, [&]<class H>() {
+    using T = device_t<H>;
+    if (wide.dtype() == narrow.dtype())
+      f.template operator()<T, T>();
+    else if constexpr (sizeof(T) == 2)
+      f.template operator()<float, T>();
+  });
 }
 
 template <class T>
