@@ -4,6 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/generator.h"
+#include "core/readback.h"
 #include "layers/functional.h"
 #include "tests/test_util.h"
 
@@ -229,4 +230,52 @@ TEST_CASE("autograd sums gradients, guards reuse and honours no_grad") {
   Var z = fn::add(fn::add(x2, x2), x2);
   z.backward();
   CHECK(x2.grad().item() == 3.0);
+}
+
+TEST_CASE("readback: values after wait, one copy at a time, clear misuse errors") {
+  Readback rb;
+  CHECK_THROWS_WITH_AS(rb.wait(), doctest::Contains("[readback] wait() without a started copy"),
+                       Error);
+  Tensor t = Tensor::from_vector({1.5, -2.0, 3.0}, {3}, DType::f32);
+  rb.start(t);
+  CHECK(rb.pending());
+  CHECK_THROWS_WITH_AS(rb.start(t), doctest::Contains("previous copy was not waited for"), Error);
+  t.fill_(7.0);  // a CPU source is read at start()
+  CHECK(rb.wait() == std::vector<double>{1.5, -2.0, 3.0});
+  CHECK(!rb.pending());
+  CHECK_THROWS_WITH_AS(rb.start(Tensor::zeros({2000}, DType::f64)),
+                       doctest::Contains("at most 4096 bytes"), Error);
+}
+
+TEST_CASE("small host-to-device copies are staged: the source may change at once, order holds" *
+          doctest::skip(!gpu_available())) {
+  const Device gpu = Device::cuda(0);
+  // More copies than staging slots, each followed by device work that reads it, so slots are
+  // reused while earlier copies may still be queued.
+  std::vector<Tensor> outs;
+  for (int i = 0; i < 40; ++i) {
+    std::vector<double> v(1000 + 37 * i);
+    for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<double>(i * 100000 + k);
+    Tensor host = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::f64);
+    Tensor d = host.to(gpu);
+    host.fill_(-1.0);  // the copy already owns its bytes
+    outs.push_back(d.to(DType::f32));
+  }
+  for (int i = 0; i < 40; ++i) {
+    const std::vector<double> got = outs[i].to_vector();
+    REQUIRE(got.size() == static_cast<size_t>(1000 + 37 * i));
+    CHECK(got.front() == static_cast<double>(static_cast<float>(i * 100000)));
+    CHECK(got.back() == static_cast<double>(static_cast<float>(i * 100000 + got.size() - 1)));
+  }
+  // A large copy takes the synchronous path and is exact too.
+  Tensor big = Tensor::full({600000}, 3.0, DType::f64);
+  CHECK(big.to(gpu).to_vector()[599999] == 3.0);
+  // Readback of a device tensor: the value written by work queued before start().
+  Readback rb;
+  for (int i = 0; i < 3; ++i) {
+    Tensor d = Tensor::full({4}, 1.0 + i, DType::f32, gpu);
+    rb.start(d);
+    d.fill_(100.0);  // queued after the copy: not seen
+    CHECK(rb.wait() == std::vector<double>(4, 1.0 + i));
+  }
 }

@@ -1,6 +1,12 @@
 // core/cuda/copy.cu — device copies for Tensor: strided copy with dtype conversion,
-// fill, axpy (autograd's gradient sums) and host<->device / peer transfers.
+// fill, axpy (autograd's gradient sums) and host<->device / peer transfers (small
+// host -> device copies return before the device has them: stage_to_device).
 #include <cuda_runtime.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
@@ -96,6 +102,48 @@ StridedIndex make_index(const Tensor& dst, const Tensor* src) {
     ix.src_stride[k] = src ? src->strides()[k] : 0;
   }
   return ix;
+}
+
+// Small host -> device copies (a training batch, a scalar) are staged through pinned slots
+// so that they do not wait for the device: the bytes are copied into a slot on the host, so
+// the caller may free its buffer at once, and the DMA is queued on the compute stream. A slot
+// is reused only after the event recorded behind its DMA has completed.
+constexpr size_t kSlotBytes = size_t{1} << 20;
+constexpr int kSlots = 8;
+
+struct Staging {
+  std::mutex mu;
+  char* host = nullptr;
+  cudaEvent_t done[kSlots] = {};
+  int next = 0;
+};
+
+void stage_to_device(void* dst, int dev, const void* src, size_t nbytes) {
+  static std::mutex map_mu;
+  static std::map<int, std::unique_ptr<Staging>> per_device;
+  Staging* st;
+  {
+    std::lock_guard<std::mutex> lock(map_mu);
+    auto& p = per_device[dev];
+    if (!p) {
+      auto fresh = std::make_unique<Staging>();
+      FFN_CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&fresh->host), kSlots * kSlotBytes,
+                                   cudaHostAllocPortable));
+      for (cudaEvent_t& e : fresh->done)
+        FFN_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      p = std::move(fresh);
+    }
+    st = p.get();
+  }
+  std::lock_guard<std::mutex> lock(st->mu);
+  const int k = st->next;
+  st->next = (k + 1) % kSlots;
+  FFN_CHECK_CUDA(cudaEventSynchronize(st->done[k]));  // its previous DMA (long done, normally)
+  char* slot = st->host + static_cast<size_t>(k) * kSlotBytes;
+  std::memcpy(slot, src, nbytes);
+  cudaStream_t s = cuda::stream(dev);
+  FFN_CHECK_CUDA(cudaMemcpyAsync(dst, slot, nbytes, cudaMemcpyHostToDevice, s));
+  FFN_CHECK_CUDA(cudaEventRecord(st->done[k], s));
 }
 
 }  // namespace
@@ -199,6 +247,10 @@ void memcpy_between(void* dst, Device dst_dev, const void* src, Device src_dev, 
   }
   const int dev = dst_dev.is_cuda() ? dst_dev.index : src_dev.index;
   cuda::DeviceGuard guard(dev);
+  if (dst_dev.is_cuda() && nbytes <= kSlotBytes) {
+    stage_to_device(dst, dev, src, nbytes);
+    return;
+  }
   const cudaMemcpyKind kind = dst_dev.is_cuda() ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
   FFN_CHECK_CUDA(cudaMemcpyAsync(dst, src, nbytes, kind, cuda::stream(dev)));
   // Host memory is pageable and may be freed right after: wait for the transfer.
