@@ -37,19 +37,51 @@ struct AdamWSlot {
 // step is 1-based (bias correction). All slots live on one device and share a dtype.
 void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
                 double grad_scale);
-// √(Σ over all tensors of Σ g²), accumulated in fp32 (f64 for f64) in a fixed order;
-// NaN/Inf when any entry is non-finite. Synchronizes to return the value.
+// The same update with step and grad_scale taken from a decision tensor written by
+// adamw_decide on the device; a step the decision skips leaves every tensor untouched.
+void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h,
+                const Tensor& decision);
+// Σ over all tensors of Σ g², accumulated in fp32 (f64 for f64) in a fixed order, as a
+// one-element tensor on the grads' device (nothing waits for the device); NaN/Inf when any
+// entry is non-finite.
+Tensor global_grad_sumsq(const std::vector<Tensor>& grads);
+// √ of global_grad_sumsq; synchronizes to return the value.
 double global_grad_norm(const std::vector<Tensor>& grads);
+
+// Note [Device-side step decision]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Whether a step is applied (loss and gradient norm finite), its clip coefficient and its
+// bias corrections are decided by one tiny kernel from device values, so a training step
+// never waits for the host to read the loss or the norm (optim/adamw.cpp reads them one
+// step later through a Readback). The decision is an f64 tensor [kDecisionSize]:
+//   [0] updates applied so far, this step included (the bias-correction step t)
+//   [1] 1 when this step is applied, 0 when skipped   [2] 1-β1^t   [3] 1-β2^t
+//   [4] grad scale: 1/grad_divisor, times grad_clip/(norm+1e-6) when norm > grad_clip
+//   [5] the loss   [6] the gradient norm √sumsq / grad_divisor
+// [0] carries over from step to step (the caller seeds it, e.g. from a checkpoint); the
+// rest is rewritten by every adamw_decide. The arithmetic is f64, as on the host before.
+constexpr int64_t kDecisionSize = 8;
+struct AdamWDecide {
+  double grad_divisor = 1.0;  // the loss scale (1 without one)
+  double grad_clip = 0.0;     // 0 = no clipping
+  double beta1 = 0.9, beta2 = 0.999;
+};
+void adamw_decide(const Tensor& loss, const Tensor& sumsq, const AdamWDecide& d,
+                  Tensor& decision);
 
 namespace cpu {
 void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
                 double grad_scale);
-double global_grad_norm(const std::vector<Tensor>& grads);
+Tensor global_grad_sumsq(const std::vector<Tensor>& grads);
+void adamw_decide(const Tensor& loss, const Tensor& sumsq, const AdamWDecide& d,
+                  Tensor& decision);
 }  // namespace cpu
 namespace cuda {
 void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
-                double grad_scale);
-double global_grad_norm(const std::vector<Tensor>& grads);
+                double grad_scale, const double* decision = nullptr);
+Tensor global_grad_sumsq(const std::vector<Tensor>& grads);
+void adamw_decide(const Tensor& loss, const Tensor& sumsq, const AdamWDecide& d,
+                  Tensor& decision);
 }  // namespace cuda
 
 }  // namespace ffn

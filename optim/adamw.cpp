@@ -25,8 +25,9 @@ AdamW::AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWO
   }
 }
 
-StepReport AdamW::step(double lr, double loss, double grad_divisor) {
+void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
   NoGradGuard no_grad;
+  FFN_CHECK(!in_flight_, "[adamw] launch() while the previous step is in flight (call finish())");
   FFN_CHECK(grad_divisor > 0 && std::isfinite(grad_divisor), "[adamw] grad_divisor must be > 0");
   std::vector<AdamWSlot> live;
   std::vector<Tensor> grads;
@@ -39,27 +40,57 @@ StepReport AdamW::step(double lr, double loss, double grad_divisor) {
     grads.push_back(s.grad);
     live.push_back(std::move(s));
   }
+  if (!decision_.defined()) {
+    FFN_CHECK(!params_.empty(), "[adamw] no parameters to optimize");
+    std::vector<double> d(kDecisionSize, 0.0);
+    d[0] = static_cast<double>(steps_);
+    decision_ = Tensor::from_vector(d, {kDecisionSize}, DType::f64,
+                                    params_[0].second.value().device());
+  }
+  const Tensor sumsq = grads.empty() ? Tensor::zeros({1}, DType::f64, decision_.device())
+                                     : global_grad_sumsq(grads);
+  const AdamWDecide d{grad_divisor, opt_.grad_clip, opt_.hyper.beta1, opt_.hyper.beta2};
+  adamw_decide(loss, sumsq, d, decision_);
+  AdamWHyper h = opt_.hyper;
+  h.lr = lr;
+  adamw_step(live, h, decision_);
+  report_.start(decision_);
+  in_flight_ = true;
+}
+
+StepReport AdamW::finish() {
+  FFN_CHECK(in_flight_, "[adamw] finish() without a launched step");
+  in_flight_ = false;
+  const std::vector<double> d = report_.wait();
   StepReport r;
-  r.grad_norm = grads.empty() ? 0.0 : global_grad_norm(grads) / grad_divisor;
-  if (!std::isfinite(loss) || !std::isfinite(r.grad_norm)) {
-    r.skipped = true;
+  r.loss = d[5];
+  r.grad_norm = d[6];
+  r.skipped = d[1] == 0.0;
+  if (r.skipped) {
     ++skipped_total_;
     ++skipped_in_row_;
     FFN_CHECK(skipped_in_row_ < opt_.max_nonfinite_in_row, "[adamw] ", skipped_in_row_,
-              " steps in a row had a non-finite loss or gradient (last: loss=", loss,
+              " steps in a row had a non-finite loss or gradient (last: loss=", d[5],
               ", grad_norm=", r.grad_norm, ") after ", steps_,
               " good steps; giving up. Lower the lr, check the data, or use bf16/fp32.");
     return r;
   }
   skipped_in_row_ = 0;
-  double scale = 1.0 / grad_divisor;
-  if (opt_.grad_clip > 0 && r.grad_norm > opt_.grad_clip)
-    scale *= opt_.grad_clip / (r.grad_norm + 1e-6);
-  AdamWHyper h = opt_.hyper;
-  h.lr = lr;
   ++steps_;
-  adamw_step(live, h, steps_, scale);
+  FFN_CHECK(static_cast<double>(steps_) == d[0], "[adamw] internal: the device counted ", d[0],
+            " updates, the host ", steps_);
   return r;
+}
+
+StepReport AdamW::step(double lr, const Tensor& loss, double grad_divisor) {
+  launch(lr, loss, grad_divisor);
+  return finish();
+}
+
+StepReport AdamW::step(double lr, double loss, double grad_divisor) {
+  FFN_CHECK(!params_.empty(), "[adamw] no parameters to optimize");
+  const Device dev = params_[0].second.value().device();
+  return step(lr, Tensor::full({1}, loss, DType::f64, dev), grad_divisor);
 }
 
 void AdamW::zero_grad() {
@@ -77,12 +108,19 @@ std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
   return out;
 }
 
+std::vector<int64_t> AdamW::counters() const {
+  FFN_CHECK(!in_flight_, "[adamw] counters() while a step is in flight (call finish())");
+  return {steps_, skipped_total_, skipped_in_row_};
+}
+
 void AdamW::set_counters(const std::vector<int64_t>& c) {
   FFN_CHECK(c.size() == 3 && c[0] >= 0 && c[1] >= 0 && c[2] >= 0,
             "[adamw] bad optimizer counters in the checkpoint");
+  FFN_CHECK(!in_flight_, "[adamw] set_counters() while a step is in flight");
   steps_ = c[0];
   skipped_total_ = c[1];
   skipped_in_row_ = c[2];
+  decision_ = Tensor();  // re-seeded from steps_ at the next launch()
 }
 
 void LossScaler::update(bool overflow) {

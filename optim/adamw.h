@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/readback.h"
 #include "kernels/adamw.h"
 
 namespace ffn {
@@ -24,6 +25,7 @@ struct AdamWOptions {
 };
 
 struct StepReport {
+  double loss = 0.0;       // the loss the step was given
   double grad_norm = 0.0;  // before clipping (of the unscaled gradient)
   bool skipped = false;    // loss or grad norm not finite: parameters untouched
 };
@@ -32,10 +34,18 @@ class AdamW {
  public:
   AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWOptions& opt);
 
-  // Clips, checks and updates every parameter. `loss` is the step's (host) loss;
-  // `grad_divisor` divides every gradient first (the loss scale; 1 otherwise). A
-  // non-finite loss or gradient norm skips the update; after max_nonfinite_in_row
-  // skips in a row it throws an error naming the step and the values.
+  // Clips, checks and updates every parameter. `loss` is the step's loss (a one-element
+  // tensor on the parameters' device); `grad_divisor` divides every gradient first (the
+  // loss scale; 1 otherwise). A non-finite loss or gradient norm skips the update; after
+  // max_nonfinite_in_row skips in a row finish() throws an error naming the step and the
+  // values. launch() queues all of it and returns without waiting for the device (Note
+  // [Device-side step decision]); finish() waits for that step's outcome and must come
+  // before the next launch(). Gradients may be released right after launch().
+  void launch(double lr, const Tensor& loss, double grad_divisor = 1.0);
+  StepReport finish();
+  bool in_flight() const { return in_flight_; }
+  // launch() then finish(); the loss may also be given as a host value.
+  StepReport step(double lr, const Tensor& loss, double grad_divisor = 1.0);
   StepReport step(double lr, double loss, double grad_divisor = 1.0);
   void zero_grad();
 
@@ -46,8 +56,8 @@ class AdamW {
   // The optimizer's state as named tensors (for checkpoints): "<param>.exp_avg",
   // "<param>.exp_avg_sq" and, for 16-bit params, "<param>.master".
   std::vector<std::pair<std::string, Tensor>> state() const;
-  // Counters for checkpoints: steps, skipped in total, skipped in a row.
-  std::vector<int64_t> counters() const { return {steps_, skipped_total_, skipped_in_row_}; }
+  // Counters for checkpoints: steps, skipped in total, skipped in a row (no step in flight).
+  std::vector<int64_t> counters() const;
   void set_counters(const std::vector<int64_t>& c);
 
  private:
@@ -57,6 +67,9 @@ class AdamW {
   int64_t steps_ = 0;
   int64_t skipped_total_ = 0;
   int64_t skipped_in_row_ = 0;
+  Tensor decision_;  // Note [Device-side step decision]; [0] mirrors steps_ between steps
+  Readback report_;  // the launched step's decision, read back one step later
+  bool in_flight_ = false;
 };
 
 // Dynamic loss scaling (fp16): multiply the loss by scale(); after an overflow (a skipped

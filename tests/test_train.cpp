@@ -277,6 +277,20 @@ TEST_CASE("AdamW skips non-finite steps, counts them, and gives up after K in a 
   CHECK(opt.skipped() == 2);
   CHECK_THROWS_WITH_AS(opt.step(0.1, NAN), doctest::Contains("3 steps in a row had a non-finite"),
                        Error);
+  // launch()/finish(): one step in flight at a time, counters only between steps.
+  w.set_grad(Tensor::from_vector({0.1, 0.1}, {2}, DType::f64));
+  AdamW two({{"w", w}}, o);
+  two.launch(0.1, Tensor::full({}, 1.0, DType::f64));
+  CHECK(two.in_flight());
+  CHECK_THROWS_WITH_AS(two.launch(0.1, Tensor::full({}, 1.0, DType::f64)),
+                       doctest::Contains("[adamw] launch() while the previous step is in flight"),
+                       Error);
+  CHECK_THROWS_WITH_AS(two.counters(), doctest::Contains("while a step is in flight"), Error);
+  const StepReport rep = two.finish();
+  CHECK(rep.loss == 1.0);
+  CHECK(two.counters() == std::vector<int64_t>{1, 0, 0});
+  CHECK_THROWS_WITH_AS(two.finish(), doctest::Contains("[adamw] finish() without a launched step"),
+                       Error);
   // Clipping: a gradient of norm 10 with clip 1 moves like one of norm 1 (Adam is scale-free
   // except through eps, so check the reported norm and that the step happened).
   Var v(Tensor::from_vector({0.0}, {1}, DType::f64), true);

@@ -378,3 +378,57 @@ TEST_CASE("adamw_step follows PyTorch's AdamW for two steps; decay only where as
   CHECK_THROWS_WITH_AS(adamw_step({s}, AdamWHyper{-1.0}, 1, 1.0),
                        doctest::Contains("[adamw] lr must be >= 0, got -1"), Error);
 }
+
+TEST_CASE("adamw_decide counts applied steps, skips non-finite ones, clips; the decided step "
+          "equals the explicit one") {
+  const AdamWHyper h{0.1, 0.9, 0.99, 1e-8, 0.5};
+  auto slot = [](double w0) {
+    AdamWSlot s;
+    s.param = Tensor::from_vector({w0, -2.0}, {2}, DType::f64);
+    s.grad = Tensor::from_vector({3.0, 4.0}, {2}, DType::f64);  // norm 5
+    s.m = Tensor::zeros({2}, DType::f64);
+    s.v = Tensor::zeros({2}, DType::f64);
+    return s;
+  };
+  AdamWSlot a = slot(1.0), b = slot(1.0);
+  Tensor dec = Tensor::zeros({kDecisionSize}, DType::f64);
+  const Tensor sumsq = global_grad_sumsq({a.grad});
+  CHECK(sumsq.item() == 25.0);
+  const AdamWDecide d{2.0, 1.0, 0.9, 0.99};  // divisor 2: norm 2.5 > clip 1
+  const Tensor loss = Tensor::full({}, 1.25, DType::f32);
+  for (int step = 1; step <= 2; ++step) {
+    adamw_decide(loss, sumsq, d, dec);
+    const std::vector<double> v = dec.to_vector();
+    CHECK(v[0] == step);
+    CHECK(v[1] == 1.0);
+    CHECK(v[2] == 1.0 - std::pow(0.9, step));
+    CHECK(v[3] == 1.0 - std::pow(0.99, step));
+    CHECK(v[4] == 0.5 * (1.0 / (2.5 + 1e-6)));
+    CHECK(v[5] == 1.25);
+    CHECK(v[6] == 2.5);
+    adamw_step({a}, h, dec);
+    adamw_step({b}, h, step, v[4]);
+    CHECK(a.param.to_vector() == b.param.to_vector());
+  }
+  // A non-finite loss or norm: not applied, the counter stays, nothing moves.
+  const auto before = a.param.to_vector();
+  adamw_decide(Tensor::full({}, NAN, DType::f32), sumsq, d, dec);
+  CHECK(dec.to_vector()[0] == 2.0);
+  CHECK(dec.to_vector()[1] == 0.0);
+  adamw_step({a}, h, dec);
+  CHECK(a.param.to_vector() == before);
+  adamw_decide(loss, Tensor::full({1}, INFINITY, DType::f64), d, dec);
+  CHECK(dec.to_vector()[1] == 0.0);
+  // No clipping below the threshold.
+  adamw_decide(loss, Tensor::full({1}, 0.25, DType::f64), AdamWDecide{1.0, 1.0, 0.9, 0.99}, dec);
+  CHECK(dec.to_vector()[4] == 1.0);
+  CHECK(dec.to_vector()[0] == 3.0);
+  Tensor short_dec = Tensor::zeros({3}, DType::f64);
+  CHECK_THROWS_WITH_AS(adamw_decide(loss, sumsq, d, short_dec),
+                       doctest::Contains("[adamw] decision must be a contiguous f64 tensor of 8"),
+                       Error);
+  CHECK_THROWS_WITH_AS(adamw_decide(loss, sumsq, AdamWDecide{0.0}, dec),
+                       doctest::Contains("[adamw] grad_divisor must be > 0, got 0"), Error);
+  CHECK_THROWS_WITH_AS(global_grad_sumsq({}), doctest::Contains("[grad_norm] needs at least one"),
+                       Error);
+}

@@ -419,6 +419,35 @@ FFN_GPU_TEST("multi-tensor AdamW and grad norm on the GPU match the CPU") {
     const double gn = global_grad_norm(ggrads), cn = global_grad_norm(cgrads);
     CHECK(gn == doctest::Approx(cn).epsilon(1e-5));
     CHECK(global_grad_norm(ggrads) == gn);  // bitwise reproducible
+    // The device-side decision (Note [Device-side step decision]) matches the CPU's
+    // arithmetic on the same Σg², and the decided step is bitwise the explicit one.
+    const Tensor ss = global_grad_sumsq(ggrads);
+    Tensor gdec = Tensor::zeros({kDecisionSize}, DType::f64, kGpu);
+    Tensor cdec = Tensor::zeros({kDecisionSize}, DType::f64);
+    const AdamWDecide d{4.0, 0.05, h.beta1, h.beta2};
+    for (int step = 1; step <= 2; ++step) {
+      adamw_decide(Tensor::full({}, 2.5, DType::f32, kGpu), ss, d, gdec);
+      adamw_decide(Tensor::full({}, 2.5, DType::f32), ss.to(Device::cpu()), d, cdec);
+      const std::vector<double> gv = gdec.to_vector(), cv = cdec.to_vector();
+      for (int i : {0, 1, 4, 5, 6}) CHECK(gv[i] == cv[i]);
+      for (int i : {2, 3}) CHECK(gv[i] == doctest::Approx(cv[i]).epsilon(1e-15));
+      std::vector<AdamWSlot> twin;
+      for (const AdamWSlot& sl : gpu) {
+        AdamWSlot t = sl;
+        t.param = sl.param.clone(), t.m = sl.m.clone(), t.v = sl.v.clone();
+        if (sl.master.defined()) t.master = sl.master.clone();
+        twin.push_back(t);
+      }
+      adamw_step(gpu, h, gdec);
+      adamw_step(twin, h, static_cast<int64_t>(gv[0]), gv[4]);
+      for (size_t k = 0; k < sizes.size(); k += 5)
+        CHECK(gpu[k].param.to_vector() == twin[k].param.to_vector());
+    }
+    const auto before = gpu[3].param.to_vector();
+    adamw_decide(Tensor::full({}, NAN, DType::f32, kGpu), ss, d, gdec);
+    adamw_step(gpu, h, gdec);
+    CHECK(gpu[3].param.to_vector() == before);
+    CHECK(gdec.to_vector()[0] == 2.0);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "core/generator.h"
 #include "kernels/gemm.h"
@@ -354,41 +355,31 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
       opt.stop_after > 0 ? std::min(iters, start_iter + opt.stop_after) : iters;
   if (start_iter == 0) evaluate(0);
   double last_loss = NAN;
-  for (int64_t it = start_iter; it < end_iter; ++it) {
-    const auto t0 = clock::now();
-    const double lr = lr_at(sched, it, cfg.train.lr, cfg.train.min_lr, cfg.train.warmup, decay_iters);
-    const Batch b = sample_batch(data.train, cfg.train.batch_size, cfg.model.context, data_seed,
-                                 cursor++, rank, world);
-    if (comm) comm->set_step(it + 1);
-    // Every token is < vocab_size by construction (load_data; vocab checked above), so
-    // the per-step GPU range checks and their syncs are skipped.
-    Var loss = model.loss(b.x.to(dev), b.y.to(dev), /*ids_in_range=*/true);
-    const Tensor seed = Tensor::full({}, scaler.scale(), loss.value().dtype(), dev);
-    double lv;
-    if (sync) {
-      loss.backward(seed, sync->hook());
-      sync->finish();  // averaged gradients on every rank
-      buckets_total += sync->last().buckets;
-      buckets_overlapped += sync->last().launched_in_backward;
-      Tensor l = loss.value().reshape({1}).clone();
-      comm->all_reduce(l, true, "loss");  // a non-finite loss on any rank reaches all
-      comm->sync();  // polls: a lost peer is an error, not a hang (Note [NCCL timeouts])
-      lv = l.item();
-    } else {
-      loss.backward(seed);
-      lv = loss.value().item();
-    }
-    loss = Var();
-    const StepReport rep = optim.step(lr, lv, scaler.scale());
+  // What is known of a step once its optimizer outcome is back (Note [Device-side step
+  // decision]): logs, and the eval and checkpoint that follow it.
+  struct Launched {
+    int64_t done;
+    double lr;
+  };
+  auto eval_after = [&](int64_t done) { return done % cfg.run.eval_every == 0 || done == iters; };
+  auto checkpoint_after = [&](int64_t done) {
+    return done == end_iter || (cfg.run.checkpoint_every > 0 ? done % cfg.run.checkpoint_every == 0
+                                                             : eval_after(done));
+  };
+  auto mark = clock::now();  // when the previous step's outcome came back
+  auto finish_step = [&](const Launched& st) {
+    const StepReport rep = optim.finish();
     scaler.update(rep.skipped);
-    optim.zero_grad();
+    const double lv = rep.loss;
     last_loss = lv;
-    const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+    const auto now = clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - mark).count();
+    mark = now;
     iter_ms.push_back(ms);
     window_ms += ms;
     ++window_n;
     ema_ms = ema_ms == 0 ? ms : 0.9 * ema_ms + 0.1 * ms;
-    const int64_t done = it + 1;
+    const int64_t done = st.done;
     if (done % cfg.run.log_every == 0 || done == end_iter || rep.skipped) {
       const double avg = window_ms / static_cast<double>(window_n);
       const double tps = static_cast<double>(tokens_per_iter) / (avg / 1e3);
@@ -397,7 +388,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
       train_curve.points.emplace_back(static_cast<double>(done), lv);
       log_metrics({{"iter", std::to_string(done)},
                      {"train_loss", json_number(lv)},
-                     {"lr", json_number(lr)},
+                     {"lr", json_number(st.lr)},
                      {"grad_norm", json_number(rep.grad_norm)},
                      {"ms_per_iter", json_number(avg)},
                      {"tokens_per_s", json_number(tps)},
@@ -412,24 +403,62 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
         if (peak > 0) std::snprintf(mfu_s, sizeof(mfu_s), " | MFU %4.1f%%", 100 * mfu);
         std::printf("%siter %lld/%lld | loss %.4f | lr %.2e | %s tok/s | %.1f ms/iter%s | ETA %s%s",
                     tty ? "\r\033[K" : "", static_cast<long long>(done),
-                    static_cast<long long>(iters), lv, lr, format_count(tps).c_str(), avg, mfu_s,
-                    format_duration(eta).c_str(), rep.skipped ? " | step skipped (non-finite)" : "");
+                    static_cast<long long>(iters), lv, st.lr, format_count(tps).c_str(), avg,
+                    mfu_s, format_duration(eta).c_str(),
+                    rep.skipped ? " | step skipped (non-finite)" : "");
         std::printf(tty ? "" : "\n");
         std::fflush(stdout);
       }
     }
-    const bool eval_now = done % cfg.run.eval_every == 0 || done == iters;
+    const bool eval_now = eval_after(done), ckpt_now = checkpoint_after(done);
     if (eval_now) evaluate(done);
-    const bool ckpt_now = cfg.run.checkpoint_every > 0 ? done % cfg.run.checkpoint_every == 0
-                                                       : eval_now;
-    if (ckpt_now || done == end_iter) {
+    if (ckpt_now) {
       const std::string dir = checkpoint(done);
       if (show && done == end_iter) {
         std::printf("%scheckpoint: %s\n", tty ? "\r\033[K" : "", dir.c_str());
         std::fflush(stdout);
       }
     }
+    if (eval_now || ckpt_now) mark = clock::now();  // step times exclude evals and saves
+  };
+  // A step whose outcome nothing needs before the next step is queued is finished one
+  // iteration later, after the next forward and backward are queued: the host then never
+  // waits on an idle GPU. Steps followed by an eval or checkpoint, loss-scaled (fp16) steps
+  // (the next loss seed depends on the outcome) and data-parallel steps (collectives are
+  // polled for timeouts, Note [NCCL timeouts]) are finished at once.
+  std::optional<Launched> pending;
+  for (int64_t it = start_iter; it < end_iter; ++it) {
+    const double lr = lr_at(sched, it, cfg.train.lr, cfg.train.min_lr, cfg.train.warmup, decay_iters);
+    const Batch b = sample_batch(data.train, cfg.train.batch_size, cfg.model.context, data_seed,
+                                 cursor++, rank, world);
+    if (comm) comm->set_step(it + 1);
+    // Every token is < vocab_size by construction (load_data; vocab checked above), so
+    // the per-step GPU range checks and their syncs are skipped.
+    Var loss = model.loss(b.x.to(dev), b.y.to(dev), /*ids_in_range=*/true);
+    const Tensor seed = Tensor::full({}, scaler.scale(), loss.value().dtype(), dev);
+    Tensor lt = loss.value().reshape({1});
+    if (sync) {
+      loss.backward(seed, sync->hook());
+      sync->finish();  // averaged gradients on every rank
+      buckets_total += sync->last().buckets;
+      buckets_overlapped += sync->last().launched_in_backward;
+      lt = lt.clone();
+      comm->all_reduce(lt, true, "loss");  // a non-finite loss on any rank reaches all
+      comm->sync();  // polls: a lost peer is an error, not a hang (Note [NCCL timeouts])
+    } else {
+      loss.backward(seed);
+    }
+    loss = Var();
+    if (pending) finish_step(*pending), pending.reset();
+    optim.launch(lr, lt, scaler.scale());
+    optim.zero_grad();
+    const int64_t done = it + 1;
+    if (sync || scaler.enabled() || eval_after(done) || checkpoint_after(done))
+      finish_step({done, lr});
+    else
+      pending = Launched{done, lr};
   }
+  if (pending) finish_step(*pending);
   if (tty && lead) std::printf("\n");
   res.iters_done = end_iter;
   res.last_train_loss = last_loss;

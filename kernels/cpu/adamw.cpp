@@ -1,5 +1,5 @@
-// kernels/cpu/adamw.cpp — front door and CPU reference of the fused AdamW step and the
-// global gradient norm.
+// kernels/cpu/adamw.cpp — front doors and CPU references of the fused AdamW step, the
+// global gradient norm and the step decision (Note [Device-side step decision]).
 #include "kernels/adamw.h"
 
 #include <cmath>
@@ -37,6 +37,12 @@ void validate(const std::vector<AdamWSlot>& slots, const AdamWHyper& h) {
               ": 16-bit params need an fp32 master (Note [Master weights])");
   }
 }
+void check_decision(const Tensor& t, const char* name) {
+  check_defined(t, "adamw", name);
+  FFN_CHECK(t.dtype() == DType::f64 && t.is_contiguous() && t.numel() == kDecisionSize,
+            "[adamw] ", name, " must be a contiguous f64 tensor of ", kDecisionSize,
+            " values (Note [Device-side step decision]), got ", t.desc());
+}
 }  // namespace
 
 void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
@@ -52,7 +58,24 @@ void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_
   cpu::adamw_step(slots, h, step, grad_scale);
 }
 
-double global_grad_norm(const std::vector<Tensor>& grads) {
+void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h,
+                const Tensor& decision) {
+  validate(slots, h);
+  check_decision(decision, "decision");
+  if (slots.empty()) return;
+  check_same_device(decision, slots[0].param, "adamw", "decision", "param");
+  if (decision.is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::adamw_step(slots, h, 1, 1.0, decision.data<double>());
+#endif
+  }
+  const double* d = decision.data<double>();
+  if (d[1] == 0.0) return;  // skipped: nothing changes
+  cpu::adamw_step(slots, h, static_cast<int64_t>(d[0]), d[4]);
+}
+
+Tensor global_grad_sumsq(const std::vector<Tensor>& grads) {
+  FFN_CHECK(!grads.empty(), "[grad_norm] needs at least one gradient");
   for (const Tensor& g : grads) {
     check_defined(g, "grad_norm", "grad");
     FFN_CHECK(is_float(g.dtype()) && g.is_contiguous(), "[grad_norm] grads must be contiguous ",
@@ -60,13 +83,39 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
     check_same_device(g, grads[0], "grad_norm", "grad", "the first grad");
     check_same_dtype(g, grads[0], "grad_norm", "grad", "the first grad");
   }
-  if (grads.empty()) return 0.0;
   if (grads[0].is_cuda()) {
 #if FFN_WITH_CUDA
-    return cuda::global_grad_norm(grads);
+    return cuda::global_grad_sumsq(grads);
 #endif
   }
-  return cpu::global_grad_norm(grads);
+  return cpu::global_grad_sumsq(grads);
+}
+
+double global_grad_norm(const std::vector<Tensor>& grads) {
+  return grads.empty() ? 0.0 : std::sqrt(global_grad_sumsq(grads).item());
+}
+
+void adamw_decide(const Tensor& loss, const Tensor& sumsq, const AdamWDecide& d,
+                  Tensor& decision) {
+  check_decision(decision, "decision");
+  for (const Tensor* t : {&loss, &sumsq}) {
+    const char* name = t == &loss ? "loss" : "sumsq";
+    check_defined(*t, "adamw", name);
+    FFN_CHECK(is_float(t->dtype()) && t->numel() == 1, "[adamw] ", name,
+              " must be a one-element float tensor, got ", t->desc());
+    check_same_device(*t, decision, "adamw", name, "decision");
+  }
+  FFN_CHECK(d.grad_divisor > 0 && std::isfinite(d.grad_divisor),
+            "[adamw] grad_divisor must be > 0, got ", d.grad_divisor);
+  FFN_CHECK(d.grad_clip >= 0, "[adamw] grad_clip must be >= 0, got ", d.grad_clip);
+  FFN_CHECK(d.beta1 >= 0 && d.beta1 < 1 && d.beta2 >= 0 && d.beta2 < 1,
+            "[adamw] betas must be in [0, 1), got ", d.beta1, ", ", d.beta2);
+  if (decision.is_cuda()) {
+#if FFN_WITH_CUDA
+    return cuda::adamw_decide(loss, sumsq, d, decision);
+#endif
+  }
+  cpu::adamw_decide(loss, sumsq, d, decision);
 }
 
 namespace cpu {
@@ -97,11 +146,29 @@ void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_
   }
 }
 
-double global_grad_norm(const std::vector<Tensor>& grads) {
+Tensor global_grad_sumsq(const std::vector<Tensor>& grads) {
   double sum = 0;
   for (const Tensor& g : grads)
     for (double x : g.to_vector()) sum += x * x;
-  return std::sqrt(sum);
+  return Tensor::full({1}, sum, DType::f64);
+}
+
+void adamw_decide(const Tensor& loss, const Tensor& sumsq, const AdamWDecide& d,
+                  Tensor& decision) {
+  double* o = decision.data<double>();
+  const double l = loss.item();
+  const double norm = std::sqrt(sumsq.item()) / d.grad_divisor;
+  const bool apply = std::isfinite(l) && std::isfinite(norm);
+  if (apply) o[0] += 1;
+  double scale = 1.0 / d.grad_divisor;
+  if (d.grad_clip > 0 && norm > d.grad_clip) scale *= d.grad_clip / (norm + 1e-6);
+  o[1] = apply ? 1.0 : 0.0;
+  o[2] = 1.0 - std::pow(d.beta1, o[0]);
+  o[3] = 1.0 - std::pow(d.beta2, o[0]);
+  o[4] = scale;
+  o[5] = l;
+  o[6] = norm;
+  o[7] = 0.0;
 }
 
 }  // namespace cpu

@@ -5,7 +5,9 @@
 // (kChunk elements) of tensor block_tensor[b]. A model's step is ⌈chunks/kBlocks⌉
 // launches. The norm uses the same table: each block writes the sum of squares of its
 // chunk to a partials slot (fixed order inside the block), and one block adds the
-// partials in order, so the norm is bitwise reproducible.
+// partials in order, so the norm is bitwise reproducible. The step decision (loss and norm
+// finite, clip coefficient, bias corrections) is one single-thread kernel, so nothing in a
+// step waits for the host (Note [Device-side step decision]).
 #include <cmath>
 
 #include "core/cuda/check.h"
@@ -40,8 +42,17 @@ struct StepArgs {
   A lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
 };
 
+// `decision` (Note [Device-side step decision]), when given, supplies the bias corrections
+// and the grad scale, and may skip the step.
 template <class T, class A>
-__global__ void __launch_bounds__(kThreads) adamw_kernel(Table<T, A> tab, StepArgs<A> h) {
+__global__ void __launch_bounds__(kThreads)
+    adamw_kernel(Table<T, A> tab, StepArgs<A> h, const double* decision) {
+  if (decision) {
+    if (decision[1] == 0.0) return;
+    h.bc1 = static_cast<A>(decision[2]);
+    h.bc2 = static_cast<A>(decision[3]);
+    h.grad_scale = static_cast<A>(decision[4]);
+  }
   const int t = tab.block_tensor[blockIdx.x];
   const int64_t begin = int64_t{tab.block_chunk[blockIdx.x]} * kChunk;
   const int64_t end = min(tab.n[t], begin + kChunk);
@@ -101,6 +112,24 @@ __global__ void __launch_bounds__(kThreads) sum_partials_kernel(const A* partial
   if (threadIdx.x == 0) *out = sm[0];
 }
 
+// One thread: the step's decision from the loss and Σg² (the CPU reference's arithmetic).
+template <class L, class S>
+__global__ void decide_kernel(const L* loss, const S* sumsq, AdamWDecide d, double* o) {
+  const double l = static_cast<double>(to_acc(*loss));
+  const double norm = sqrt(static_cast<double>(to_acc(*sumsq))) / d.grad_divisor;
+  const bool apply = isfinite(l) && isfinite(norm);
+  if (apply) o[0] += 1;
+  double scale = 1.0 / d.grad_divisor;
+  if (d.grad_clip > 0 && norm > d.grad_clip) scale *= d.grad_clip / (norm + 1e-6);
+  o[1] = apply ? 1.0 : 0.0;
+  o[2] = 1.0 - pow(d.beta1, o[0]);
+  o[3] = 1.0 - pow(d.beta2, o[0]);
+  o[4] = scale;
+  o[5] = l;
+  o[6] = norm;
+  o[7] = 0.0;
+}
+
 // Calls launch(table, blocks) for consecutive groups of tensors and chunks.
 template <class T, class A, class Fill, class Launch>
 void for_each_table(size_t count, const Fill& fill, const Launch& launch) {
@@ -141,7 +170,7 @@ A* acc_ptr(const Tensor& t) {
 }  // namespace
 
 void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
-                double grad_scale) {
+                double grad_scale, const double* decision) {
   const int dev = slots[0].param.device().index;
   DeviceGuard guard(dev);
   cudaStream_t s = stream(dev);
@@ -168,23 +197,24 @@ void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_
       return sl.param.numel();
     };
     for_each_table<T, A>(slots.size(), fill, [&](const Table<T, A>& tab, int blocks) {
-      adamw_kernel<T, A><<<blocks, kThreads, 0, s>>>(tab, args);
+      adamw_kernel<T, A><<<blocks, kThreads, 0, s>>>(tab, args, decision);
       FFN_CHECK_LAUNCH();
     });
   });
 }
 
-double global_grad_norm(const std::vector<Tensor>& grads) {
+Tensor global_grad_sumsq(const std::vector<Tensor>& grads) {
   const int dev = grads[0].device().index;
   DeviceGuard guard(dev);
   cudaStream_t s = stream(dev);
   int64_t chunks = 0;
   for (const Tensor& g : grads) chunks += (g.numel() + kChunk - 1) / kChunk;
-  if (chunks == 0) return 0.0;
-  return FFN_DISPATCH_ALL(grads[0].dtype(), "grad_norm", [&]<class H>() -> double {
+  const DType acc = acc_dtype(grads[0].dtype());
+  if (chunks == 0) return Tensor::zeros({1}, acc, grads[0].device());
+  Tensor partials = Tensor::empty({chunks + 1}, acc, grads[0].device());
+  FFN_DISPATCH_ALL(grads[0].dtype(), "grad_norm", [&]<class H>() {
     using T = device_t<H>;
     using A = acc_t<T>;
-    Tensor partials = Tensor::empty({chunks + 1}, acc_dtype(grads[0].dtype()), grads[0].device());
     A* part = static_cast<A*>(partials.data_ptr());
     int64_t next = 0;
     auto fill = [&](Table<T, A>& tab, int nt, size_t k) {
@@ -199,10 +229,23 @@ double global_grad_norm(const std::vector<Tensor>& grads) {
     });
     sum_partials_kernel<A><<<1, kThreads, 0, s>>>(part, chunks, part + chunks);
     FFN_CHECK_LAUNCH();
-    A host = 0;
-    FFN_CHECK_CUDA(cudaMemcpyAsync(&host, part + chunks, sizeof(A), cudaMemcpyDeviceToHost, s));
-    synchronize(dev);
-    return std::sqrt(static_cast<double>(host));
+  });
+  return partials.narrow(0, chunks, 1);
+}
+
+void adamw_decide(const Tensor& loss, const Tensor& sumsq, const AdamWDecide& d,
+                  Tensor& decision) {
+  const int dev = decision.device().index;
+  DeviceGuard guard(dev);
+  FFN_DISPATCH_ALL(loss.dtype(), "adamw_decide", [&]<class HL>() {
+    FFN_DISPATCH_FLOAT(sumsq.dtype(), "adamw_decide", [&]<class HS>() {
+      using L = device_t<HL>;
+      using S = device_t<HS>;
+      decide_kernel<L, S><<<1, 1, 0, stream(dev)>>>(static_cast<const L*>(loss.data_ptr()),
+                                                    static_cast<const S*>(sumsq.data_ptr()), d,
+                                                    static_cast<double*>(decision.data_ptr()));
+      FFN_CHECK_LAUNCH();
+    });
   });
 }
 
