@@ -52,14 +52,16 @@ double global_grad_norm(const std::vector<Tensor>& grads);
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Whether a step is applied (loss and gradient norm finite), its clip coefficient and its
 // bias corrections are decided by one tiny kernel from device values, so a training step
-// never waits for the host to read the loss or the norm (optim/adamw.cpp reads them one
-// step later through a Readback). The decision is an f64 tensor [kDecisionSize]:
+// never waits for the host to read the loss or the norm (AdamW::finish in optim/adamw.cpp
+// reads them through a Readback; the trainer calls it after queueing the next step). The
+// decision is an f64 tensor [kDecisionSize]:
 //   [0] updates applied so far, this step included (the bias-correction step t)
 //   [1] 1 when this step is applied, 0 when skipped   [2] 1-β1^t   [3] 1-β2^t
 //   [4] grad scale: 1/grad_divisor, times grad_clip/(norm+1e-6) when norm > grad_clip
 //   [5] the loss   [6] the gradient norm √sumsq / grad_divisor
 // [0] carries over from step to step (the caller seeds it, e.g. from a checkpoint); the
-// rest is rewritten by every adamw_decide. The arithmetic is f64, as on the host before.
+// rest is rewritten by every adamw_decide. The arithmetic is f64 on both backends, the
+// same expressions as the CPU reference.
 constexpr int64_t kDecisionSize = 8;
 struct AdamWDecide {
   double grad_divisor = 1.0;  // the loss scale (1 without one)
