@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "core/philox.h"
 
@@ -17,6 +19,9 @@ namespace {
 }
 
 std::string read_file(const std::string& path, const char* key) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    data_error(std::string(key) + ": '" + path + "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) data_error(std::string(key) + ": cannot open '" + path + "'");
   std::ostringstream ss;
@@ -78,24 +83,24 @@ std::string decode_chars(const std::vector<uint8_t>& chars, const std::vector<in
   return s;
 }
 
-std::vector<int32_t> read_token_file(const std::string& path) {
-  const std::string bytes = read_file(path, "data.path");
+std::vector<int32_t> read_token_file(const std::string& path, const char* key) {
+  const std::string bytes = read_file(path, key);
   size_t begin = 0, count = 0;
   int32_t header[3] = {0, 0, 0};
   if (bytes.size() >= 1024) std::memcpy(header, bytes.data(), sizeof(header));
   if (header[0] == 20240520) {  // llm.c
     if (header[1] != 1)
-      data_error("data.path: '" + path + "' has llm.c header version " +
+      data_error(std::string(key) + ": '" + path + "' has llm.c header version " +
                  std::to_string(header[1]) + " (expected 1)");
     begin = 1024;
     count = static_cast<size_t>(header[2]);
     if (bytes.size() != begin + 2 * count)
-      data_error("data.path: '" + path + "' header says " + std::to_string(count) +
+      data_error(std::string(key) + ": '" + path + "' header says " + std::to_string(count) +
                  " tokens but the file holds " + std::to_string((bytes.size() - begin) / 2) +
                  " (truncated?)");
   } else {
     if (bytes.size() % 2 != 0)
-      data_error("data.path: '" + path + "' has an odd size (" + std::to_string(bytes.size()) +
+      data_error(std::string(key) + ": '" + path + "' has an odd size (" + std::to_string(bytes.size()) +
                  " bytes); expected uint16 tokens");
     count = bytes.size() / 2;
   }
@@ -112,14 +117,17 @@ Dataset load_dataset(const DataSection& d, int64_t context) {
   Dataset ds;
   std::vector<int32_t> all;
   if (d.kind == "tokens") {
-    all = read_token_file(d.path);
+    all = read_token_file(d.path, "data.path");
     if (!d.val_path.empty()) {
       ds.train = std::move(all);
-      ds.val = read_token_file(d.val_path);
+      ds.val = read_token_file(d.val_path, "data.val_path");
     }
-    int32_t mx = 0;
-    for (int32_t t : ds.train.empty() ? all : ds.train) mx = std::max(mx, t);
-    ds.vocab_size = mx + 1;  // the caller checks it against model.vocab_size
+    auto max_of = [](const std::vector<int32_t>& v) {
+      return v.empty() ? -1 : *std::max_element(v.begin(), v.end());
+    };
+    ds.train_max_id = max_of(ds.train.empty() ? all : ds.train);
+    ds.val_max_id = d.val_path.empty() ? ds.train_max_id : max_of(ds.val);
+    ds.vocab_size = std::max(ds.train_max_id, ds.val_max_id) + 1;
     ds.describe = "tokens from " + d.path;
   } else {
     const std::string text = d.kind == "text" ? read_file(d.path, "data.path") : synthetic_corpus();
@@ -145,6 +153,25 @@ Dataset load_dataset(const DataSection& d, int64_t context) {
                  std::to_string(split->size()) + " tokens, fewer than context + 1 = " +
                  std::to_string(context + 1));
   return ds;
+}
+
+void check_vocab(const Dataset& ds, const DataSection& d, int64_t vocab) {
+  if (!ds.chars.empty()) {
+    if (vocab < ds.vocab_size)
+      data_error("model.vocab_size: " + std::to_string(vocab) + " is smaller than the data's " +
+                 std::to_string(ds.vocab_size) + " distinct characters");
+    return;
+  }
+  // Token files: every id of both splits must index the embedding (Note [Token ids in range]).
+  const bool split_file = d.val_path.empty();
+  for (const auto& [key, path, mx] :
+       {std::tuple{"data.path", d.path, ds.train_max_id},
+        std::tuple{split_file ? "data.path" : "data.val_path", split_file ? d.path : d.val_path,
+                   ds.val_max_id}})
+    if (mx >= vocab)
+      data_error(std::string(key) + ": '" + path + "' holds token id " + std::to_string(mx) +
+                 ", but model.vocab_size = " + std::to_string(vocab) +
+                 " (ids must be < vocab_size)");
 }
 
 Batch sample_batch(const std::vector<int32_t>& tokens, int64_t batch, int64_t context,

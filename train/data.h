@@ -22,17 +22,27 @@ namespace ffn::train {
 struct Dataset {
   std::vector<int32_t> train;
   std::vector<int32_t> val;
-  int64_t vocab_size = 0;
+  int64_t vocab_size = 0;       // characters: distinct bytes; tokens: 1 + the largest id
+  int32_t train_max_id = -1;    // tokens: the largest id of each split
+  int32_t val_max_id = -1;
   std::vector<uint8_t> chars;  // character-level: token id → byte (empty for token files)
   std::string describe;        // one line for the log
 };
 
 // Throws config errors for missing/unreadable/invalid files naming the key and path.
 Dataset load_dataset(const DataSection& d, int64_t context);
+
+// Note [Token ids in range]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// The training loop and eval pass ids_in_range = true to the model (no per-step range
+// check, no device sync), so every id of both splits is checked once here, before
+// training: a config error naming the file's key (data.path or data.val_path), the
+// largest id and vocab_size.
+void check_vocab(const Dataset& ds, const DataSection& d, int64_t vocab);
 // The embedded synthetic corpus (deterministic).
 std::string synthetic_corpus();
-// Reads a uint16 token file (either layout); errors name the file.
-std::vector<int32_t> read_token_file(const std::string& path);
+// Reads a uint16 token file (either layout); errors name `key` and the file.
+std::vector<int32_t> read_token_file(const std::string& path, const char* key = "data.path");
 
 // Encodes text with a character vocabulary; an unknown byte is an error naming it.
 std::vector<int32_t> encode_chars(const std::vector<uint8_t>& chars, const std::string& text);

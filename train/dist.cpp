@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -28,13 +29,17 @@ namespace {
   throw Error("[dist] " + msg, ErrorKind::config);
 }
 
-int env_int(const char* name, int def, int lo) {
+int env_int(const char* name, int def, int lo, int hi = 1 << 30) {
   const char* v = std::getenv(name);
   if (!v || !*v) return def;
   char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (*end != '\0' || x < lo || x > 1 << 30)
-    env_error(std::string(name) + "=" + v + " is not an integer >= " + std::to_string(lo));
+  errno = 0;
+  const long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0' || end == v)
+    env_error(std::string(name) + "=" + v + " is not an integer");
+  if (errno == ERANGE || x < lo || x > hi)
+    env_error(std::string(name) + "=" + v + " is out of range [" + std::to_string(lo) + ", " +
+              std::to_string(hi) + "]");
   return static_cast<int>(x);
 }
 
@@ -85,7 +90,7 @@ DistEnv dist_env_from_environment() {
   e.world = env_int("WORLD_SIZE", 1, 1);
   e.rank = env_int("RANK", 0, 0);
   e.local_rank = env_int("LOCAL_RANK", e.rank, 0);
-  e.master_port = env_int("MASTER_PORT", 29500, 1);
+  e.master_port = env_int("MASTER_PORT", 29500, 1, 65535);
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) e.master_addr = a;
   if (const char* n = std::getenv("FFN_RUN_NONCE"); n && *n) e.nonce = n;
   if (e.rank >= e.world)
