@@ -1,6 +1,8 @@
 // core/device.cpp — device names and GPU discovery.
 #include "core/device.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "core/error.h"
@@ -42,6 +44,22 @@ int cuda_device_count() {
 #else
   return 0;
 #endif
+}
+
+uint64_t device_memory_bytes(Device d) {
+#if FFN_WITH_CUDA
+  if (d.is_cuda()) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, d.index) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return p.totalGlobalMem;
+  }
+#endif
+  if (d.is_cuda()) return 0;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
 std::string cuda_unavailable_reason() {

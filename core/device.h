@@ -26,6 +26,8 @@ struct Device {
 bool built_with_cuda();
 // Number of usable GPUs; 0 in a CPU-only build or when no driver/GPU answers.
 int cuda_device_count();
+// Memory a device holds in total: physical RAM for the CPU, the GPU's global memory.
+uint64_t device_memory_bytes(Device d);
 // The reason cuda_device_count() is 0, for messages ("built without CUDA", driver error text).
 std::string cuda_unavailable_reason();
 

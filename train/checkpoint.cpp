@@ -163,13 +163,21 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
     FFN_CHECK(dt && sh && off && off->arr.size() == 2 && parse_st_dtype(dt->str, &dtype),
               "[checkpoint] '", path, "': bad or unsupported entry for tensor '", name, "'");
     Shape shape;
-    for (const auto& d : sh->arr) shape.push_back(d.integer);
+    for (const auto& d : sh->arr) {
+      FFN_CHECK(d.type == json::Value::Type::number && d.integer >= 0 &&
+                    d.num == static_cast<double>(d.integer), "[checkpoint] '", path,
+                "': tensor '", name, "' has a bad shape entry (a negative or non-integer size)");
+      shape.push_back(d.integer);
+    }
     const size_t b = static_cast<size_t>(off->arr[0].integer), en = static_cast<size_t>(off->arr[1].integer);
     FFN_CHECK(b <= en && en <= data_size, "[checkpoint] '", path, "' is truncated: tensor '", name,
               "' needs bytes [", b, ", ", en, ") of ", data_size);
+    // The header's size is checked against its byte range before anything is allocated.
+    double want = static_cast<double>(dtype_size(dtype));
+    for (int64_t d : shape) want *= static_cast<double>(d);
+    FFN_CHECK(want == static_cast<double>(en - b), "[checkpoint] '", path, "': tensor '", name,
+              "' has ", en - b, " bytes for shape ", shape_str(shape), " ", dt->str);
     Tensor t = Tensor::empty(shape, dtype);
-    FFN_CHECK(t.nbytes() == en - b, "[checkpoint] '", path, "': tensor '", name, "' has ",
-              en - b, " bytes for shape ", shape_str(shape), " ", dt->str);
     std::memcpy(t.data_ptr(), bytes.data() + base + b, en - b);
     covered += en - b;
     auto it = meta.find("crc32:" + name);
@@ -223,20 +231,34 @@ std::string save_checkpoint(const std::string& run_dir, const TrainState& s,
   fs::remove_all(final_dir);
   fs::rename(tmp, final_dir);
   fsync_dir(run_dir);
-  const fs::path latest_tmp = fs::path(run_dir) / "latest.tmp";
-  write_file_synced(latest_tmp.string(), name + "\n");
-  fs::rename(latest_tmp, fs::path(run_dir) / "latest");
-  fsync_dir(run_dir);
-  // Prune: keep the newest `keep` complete checkpoints.
-  std::vector<std::pair<int64_t, fs::path>> all;
-  for (const auto& e : fs::directory_iterator(run_dir)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("ckpt-", 0) == 0 && n.find(".tmp") == std::string::npos)
-      all.emplace_back(std::stoll(n.substr(5)), e.path());
-  }
-  std::sort(all.begin(), all.end());
+  write_latest(run_dir, name);
+  // Prune: keep the newest `keep` complete checkpoints. A resumed branch has moved the
+  // checkpoints newer than its start aside (Note [Run directory ownership]), so the newest
+  // by iteration are the newest written.
+  const auto all = list_checkpoints(run_dir);
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second);
   return final_dir.string();
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
+  std::vector<std::pair<int64_t, std::string>> all;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || n.rfind("ckpt-", 0) != 0 || n.size() == 5 ||
+        n.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;  // ckpt-<iter> only: not *.tmp, not a stray name
+    all.emplace_back(std::stoll(n.substr(5)), e.path().string());
+  }
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+void write_latest(const std::string& run_dir, const std::string& ckpt_name) {
+  const fs::path latest_tmp = fs::path(run_dir) / "latest.tmp";
+  write_file_synced(latest_tmp.string(), ckpt_name + "\n");
+  fs::rename(latest_tmp, fs::path(run_dir) / "latest");
+  fsync_dir(run_dir);
 }
 
 std::string resolve_checkpoint(const std::string& path) {

@@ -63,6 +63,11 @@ std::string save_checkpoint(const std::string& run_dir, const TrainState& state,
                             const NamedTensors& model, const NamedTensors& optim,
                             const std::string& config_toml, int64_t keep);
 
+// The complete ckpt-<iter> directories of a run (not *.tmp), oldest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
+// Atomically points <run_dir>/latest at `ckpt_name` (temp file, fsync, rename).
+void write_latest(const std::string& run_dir, const std::string& ckpt_name);
+
 // `path` is a run directory (its `latest` is used) or a ckpt-* directory.
 std::string resolve_checkpoint(const std::string& path);
 TrainState read_train_state(const std::string& ckpt_dir);

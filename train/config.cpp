@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <fstream>
 #include <limits>
@@ -269,26 +270,40 @@ Config Config::parse(const std::string& text, const std::string& origin,
 }
 
 Config Config::load(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    config_error(path + ": is a directory, not a config file (e.g. configs/tiny.toml)");
   std::ifstream in(path, std::ios::binary);
   if (!in) config_error(path + ": cannot open the config file");
   std::ostringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str(), path, overrides);
+  const std::string text = ss.str();
+  // A file with nothing in it is a mistake (a truncated copy, the wrong path), not a request
+  // for every default; a file of comments alone is taken as meant.
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    config_error(path + ": the config file is empty; start from one in configs/ (every key has "
+                 "a default, so a file may hold just a comment)");
+  return parse(text, path, overrides);
+}
+
+std::vector<std::pair<std::string, std::string>> Config::entries() const {
+  Config copy = *this;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Field& f : fields(copy)) out.emplace_back(f.path, f.write());
+  return out;
 }
 
 std::string Config::to_toml() const {
-  Config copy = *this;
-  std::vector<Field> fs = fields(copy);
   std::ostringstream os;
   os << "# fused-ffn resolved config: every key, defaults included.\n";
   std::string section;
-  for (const Field& f : fs) {
-    const std::string s = f.path.substr(0, f.path.find('.'));
+  for (const auto& [path, value] : entries()) {
+    const std::string s = path.substr(0, path.find('.'));
     if (s != section) {
       os << (section.empty() ? "" : "\n") << "[" << s << "]\n";
       section = s;
     }
-    os << f.path.substr(s.size() + 1) << " = " << f.write() << "\n";
+    os << path.substr(s.size() + 1) << " = " << value << "\n";
   }
   return os.str();
 }

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ffn::train {
@@ -85,6 +86,8 @@ struct Config {
   static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
   // Every key, resolved, as TOML (parse(to_toml()) gives back the same config).
   std::string to_toml() const;
+  // Every key as ("section.key", TOML value), in to_toml()'s order.
+  std::vector<std::pair<std::string, std::string>> entries() const;
 };
 
 }  // namespace ffn::train

@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "train/dist.h"
+#include "train/run_dir.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -28,11 +29,15 @@ int main(int argc, char** argv) {
   bool overwrite = false, quiet = false, print_config = false;
   int64_t stop_after = 0, nproc = 0, bucket_mb = 25;
   double comm_timeout = 300;
-  app.add_option("config", config_path, "TOML config file (see configs/)")->required();
+  app.add_option("config", config_path,
+                 "TOML config file (see configs/); with --resume it may be left out, and the "
+                 "run's own config is used");
   app.add_option("--set", sets,
                  "Override a config key: section.key=value (repeatable), e.g. --set train.lr=3e-4");
   app.add_option("--resume", resume,
-                 "Continue from a run directory (its latest checkpoint) or a ckpt-* directory");
+                 "Continue a run from its directory (latest checkpoint) or a ckpt-* directory, "
+                 "writing into that run; --set may change e.g. train.iters, not the model, data, "
+                 "seed, batch size or precision");
   app.add_flag("--overwrite", overwrite,
                "Start fresh even if run.dir holds checkpoints (deletes them and the metrics)");
   app.add_option("--stop-after", stop_after,
@@ -60,7 +65,14 @@ int main(int argc, char** argv) {
       set += std::to_string(nproc);
       sets.push_back(set);
     }
-    const ffn::train::Config cfg = ffn::train::Config::load(config_path, sets);
+    if (config_path.empty() && resume.empty()) {
+      std::fprintf(stderr, "ffn-train: a config file is required (or --resume RUN_DIR)\n%s",
+                   app.help().c_str());
+      return 2;
+    }
+    const ffn::train::Config cfg = config_path.empty()
+                                       ? ffn::train::resume_config(resume, sets)
+                                       : ffn::train::Config::load(config_path, sets);
     if (cfg.runtime.nproc > 1 && !std::getenv("RANK") && !print_config) {
       // The launcher: N copies of this command, each a rank (they re-read the config).
       std::vector<std::string> args(argv, argv + argc);

@@ -56,6 +56,15 @@ std::string format_count(double v) {
   return buf;
 }
 
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
+
 double peak_flops(const std::string& name, bool half) {
   // Dense tensor-core peaks (bf16/fp16) and non-tensor fp32 peaks of common parts.
   struct Part {

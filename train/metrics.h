@@ -34,6 +34,7 @@ void write_loss_svg(const std::string& path, const std::vector<Curve>& curves,
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "42s"
 std::string format_count(double v);           // "152k", "1.3M"
+std::string format_bytes(double bytes);       // "512 MiB", "3.7 TiB"
 std::string json_number(double v);            // finite numbers; "null" otherwise
 
 // Peak dense FLOP/s of the device for MFU (0 when unknown: MFU is then not shown).

@@ -23,6 +23,7 @@
 #include "train/dist.h"
 #include "train/json.h"
 #include "train/metrics.h"
+#include "train/run_dir.h"
 
 #if FFN_WITH_CUDA
 #include "core/cuda/context.h"
@@ -113,6 +114,22 @@ bool has_checkpoints(const std::string& dir) {
   return fs::exists(fs::path(dir) / "latest");
 }
 
+// A step's activations cannot be smaller than its logits (B·T·vocab values); refuse batch
+// sizes whose logits alone exceed the device's memory before anything is allocated.
+void check_step_fits(const Config& c, int64_t vocab, Device dev, DType dt, int world) {
+  const double tokens = static_cast<double>(c.train.batch_size / world) *
+                        static_cast<double>(c.model.context);
+  const double logits = tokens * static_cast<double>(vocab) * static_cast<double>(dtype_size(dt));
+  const double have = static_cast<double>(device_memory_bytes(dev));
+  if (have > 0 && logits > have)
+    config_error("train.batch_size: " + std::to_string(c.train.batch_size) + " sequences of " +
+                 std::to_string(c.model.context) + " tokens need at least " +
+                 format_bytes(logits) + " per " + (world > 1 ? "GPU" : "step") +
+                 " for the logits alone (vocab " + std::to_string(vocab) + ", " + dtype_name(dt) +
+                 "), more than the " + format_bytes(have) + " of " +
+                 (dev.is_cpu() ? std::string("host memory") : dev.str()));
+}
+
 }  // namespace
 
 GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
@@ -157,26 +174,22 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   set_gemm_autotune(cfg.runtime.gemm_autotune);
   const std::string run_dir = cfg.run.dir;
   std::string resume_dir;
-  if (!opt.resume.empty()) resume_dir = resolve_checkpoint(opt.resume);
+  if (!opt.resume.empty()) {
+    // Note [Run directory ownership]: a resume continues in the checkpoint's own run.
+    const ResumePoint at = resolve_resume(opt.resume);
+    check_resume_config(cfg, at);
+    resume_dir = at.ckpt_dir;
+  }
   if (resume_dir.empty() && has_checkpoints(run_dir) && !opt.overwrite)
     config_error("run.dir: '" + run_dir + "' already holds checkpoints; continue it with --resume " +
                  run_dir + ", or start over with --overwrite, or pick another --set run.dir=...");
   Dataset data = load_dataset(cfg.data, cfg.model.context);
   int64_t vocab = cfg.model.vocab_size ? cfg.model.vocab_size : data.vocab_size;
-  if (vocab < data.vocab_size)
-    config_error("model.vocab_size: " + std::to_string(vocab) + " is smaller than the data's " +
-                 std::to_string(data.vocab_size) + " distinct tokens");
+  check_vocab(data, cfg.data, vocab);
+  check_step_fits(cfg, vocab, dev, dt, world);
   TrainState state;
   if (!resume_dir.empty()) {
     state = read_train_state(resume_dir);
-    const Config saved = Config::load((fs::path(resume_dir) / "config.toml").string());
-    if (saved.model.layers != cfg.model.layers || saved.model.d_model != cfg.model.d_model ||
-        saved.model.heads != cfg.model.heads || saved.model.context != cfg.model.context ||
-        saved.model.ffn != cfg.model.ffn || saved.model.ffn_mult != cfg.model.ffn_mult ||
-        saved.model.bias != cfg.model.bias)
-      config_error("model: the checkpoint in '" + resume_dir +
-                   "' was trained with a different model shape; resume with its config (" +
-                   resume_dir + "/config.toml)");
     if (state.world != world)
       config_error("runtime.nproc: the checkpoint was written by " + std::to_string(state.world) +
                    " process(es) and this run has " + std::to_string(world) +
@@ -185,16 +198,16 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
     if (!data.chars.empty() && state.vocab != data.chars)
       config_error("data: the text's vocabulary differs from the checkpoint's");
   }
-  if (lead && opt.overwrite && resume_dir.empty() && fs::exists(run_dir)) {
+  // From here on this process writes the run (Note [Run directory ownership]).
+  std::optional<RunLock> lock;
+  if (lead) lock.emplace(run_dir);
+  if (lead && opt.overwrite && resume_dir.empty()) {
     for (const auto& e : fs::directory_iterator(run_dir)) {
       const std::string n = e.path().filename().string();
-      if (n.rfind("ckpt-", 0) == 0 || n == "latest" || n == "metrics.jsonl" || n == "loss.svg")
+      if (n.rfind("ckpt-", 0) == 0 || n.rfind("branch-", 0) == 0 || n == "latest" ||
+          n == "metrics.jsonl" || n == "loss.svg")
         fs::remove_all(e.path());
     }
-  }
-  if (lead) {
-    fs::create_directories(run_dir);
-    std::ofstream(fs::path(run_dir) / "config.toml") << cfg.to_toml();
   }
   // The communicator (joins the other ranks; a missing peer is a timeout error).
   std::unique_ptr<Comm> owned_comm;
@@ -242,6 +255,11 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
     start_iter = state.iter;
     best_val = state.best_val;
   }
+  std::string branch;
+  if (lead && !resume_dir.empty())
+    branch = set_aside_newer_checkpoints(run_dir, state.iter, fs::path(resume_dir).filename());
+  // Written only once the checkpoint has loaded: a failed resume leaves the run as it was.
+  if (lead) std::ofstream(fs::path(run_dir) / "config.toml") << cfg.to_toml();
   const uint64_t data_seed = static_cast<uint64_t>(cfg.run.seed) * 7919 + 17;
   const uint64_t eval_seed = data_seed ^ 0x5eedull;
   const int64_t iters = cfg.train.iters;
@@ -269,6 +287,9 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
     if (!resume_dir.empty())
       std::printf("resumed from %s at iter %lld\n", resume_dir.c_str(),
                   static_cast<long long>(start_iter));
+    if (!branch.empty())
+      std::printf("resumed from an older checkpoint: the newer ones moved to %s\n",
+                  branch.c_str());
     std::fflush(stdout);
   }
 
@@ -368,7 +389,12 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   };
   auto mark = clock::now();  // when the previous step's outcome came back
   auto finish_step = [&](const Launched& st) {
-    const StepReport rep = optim.finish();
+    StepReport rep;
+    try {
+      rep = optim.finish();
+    } catch (const Error& e) {
+      throw Error("[train] iter " + std::to_string(st.done) + ": " + e.what(), e.kind());
+    }
     scaler.update(rep.skipped);
     const double lv = rep.loss;
     last_loss = lv;
@@ -453,7 +479,10 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
     optim.launch(lr, lt, scaler.scale());
     optim.zero_grad();
     const int64_t done = it + 1;
-    if (sync || scaler.enabled() || eval_after(done) || checkpoint_after(done))
+    // On the CPU the step has already run, so there is nothing to overlap: finishing at once
+    // also keeps each step's time its own (deferred, a step would be charged its successor's
+    // forward and backward, and the step before a pause nothing).
+    if (dev.is_cpu() || sync || scaler.enabled() || eval_after(done) || checkpoint_after(done))
       finish_step({done, lr});
     else
       pending = Launched{done, lr};
