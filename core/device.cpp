@@ -17,16 +17,44 @@ std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
 
-Device Device::parse(const std::string& s) {
+std::optional<Device> Device::try_parse(const std::string& s) {
   if (s == "cpu") return cpu();
   if (s == "cuda") return cuda(0);
   if (s.rfind("cuda:", 0) == 0) {
     const std::string num = s.substr(5);
-    char* end = nullptr;
-    const long i = std::strtol(num.c_str(), &end, 10);
-    if (!num.empty() && end && *end == '\0' && i >= 0 && i < 1024) return cuda(static_cast<int>(i));
+    if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 4)
+      return std::nullopt;
+    const int i = std::stoi(num);
+    if (i < 1024) return cuda(i);
   }
+  return std::nullopt;
+}
+
+Device Device::parse(const std::string& s) {
+  if (const auto d = try_parse(s)) return *d;
   FFN_THROW("[device] cannot parse device '", s, "' (expected cpu, cuda or cuda:N)");
+}
+
+std::optional<DeviceRequest> DeviceRequest::try_parse(const std::string& s) {
+  if (s == "auto") return DeviceRequest{};
+  if (const auto d = Device::try_parse(s)) return DeviceRequest{*d};
+  return std::nullopt;
+}
+
+std::string DeviceRequest::str() const {
+  return device ? device->str() : std::string("auto");
+}
+
+Device resolve_device(const DeviceRequest& r, const std::string& what) {
+  const int n = cuda_device_count();
+  if (!r.device) return n > 0 ? Device::cuda(0) : Device::cpu();
+  const Device d = *r.device;
+  if (d.is_cuda() && d.index >= n)
+    throw Error("[config] " + what + ": \"" + d.str() + "\" requested but " +
+                    (n == 0 ? cuda_unavailable_reason()
+                            : "only " + std::to_string(n) + " GPU(s) are visible"),
+                ErrorKind::config);
+  return d;
 }
 
 bool built_with_cuda() {

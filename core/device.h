@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace ffn {
@@ -18,9 +19,22 @@ struct Device {
   bool is_cuda() const { return kind == DeviceKind::cuda; }
   bool operator==(const Device&) const = default;
   std::string str() const;
-  // Parses "cpu", "cuda" (= cuda:0) or "cuda:N".
+  // Parses "cpu", "cuda" (= cuda:0) or "cuda:N"; try_parse gives nullopt instead of throwing.
   static Device parse(const std::string& s);
+  static std::optional<Device> try_parse(const std::string& s);
 };
+
+// A device as a user asks for it: "auto", "cpu", "cuda" or "cuda:N".
+struct DeviceRequest {
+  std::optional<Device> device;  // nullopt: "auto"
+  static std::optional<DeviceRequest> try_parse(const std::string& s);
+  std::string str() const;
+  bool operator==(const DeviceRequest&) const = default;
+};
+// The one place "auto" is decided (the first GPU when one is usable, else the CPU). A GPU
+// asked for but not usable is a config error whose message starts with `what`
+// (e.g. "runtime.device", "--device").
+Device resolve_device(const DeviceRequest& r, const std::string& what);
 
 // True when fused-ffn was compiled with its CUDA backend.
 bool built_with_cuda();

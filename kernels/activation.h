@@ -11,13 +11,21 @@
 #include <string>
 
 #include "core/dtype.h"  // FFN_HD
+#include "core/names.h"
 
 namespace ffn {
 
 enum class Activation : uint8_t { gelu_erf, gelu_tanh, silu };
+// Canonical names first; "gelu" (= gelu_erf, PyTorch's nn.GELU() default) and "swish" are
+// aliases.
+inline constexpr NameOf<Activation> kActivationNames[] = {
+    {Activation::gelu_erf, "gelu_erf"}, {Activation::gelu_tanh, "gelu_tanh"},
+    {Activation::silu, "silu"},         {Activation::gelu_erf, "gelu"},
+    {Activation::silu, "swish"}};
 
-const char* activation_name(Activation a);
-// Parses "gelu" (= gelu_erf), "gelu_erf", "gelu_tanh", "silu".
+inline const char* activation_name(Activation a) {
+  return name_of(kActivationNames, a);
+}
 Activation parse_activation(const std::string& s);
 
 namespace act_math {

@@ -51,6 +51,22 @@ class Dropout : public Layer {
   std::shared_ptr<Generator> rng_;
 };
 
+// model.ffn: which FFN a transformer block (or ffn-demo) builds. ffn_activation() is the
+// one mapping from the name to the math: "gelu" is the exact-erf GELU (PyTorch's nn.GELU()
+// default, nanoGPT's MLP), "geglu" gates with the tanh GELU, "swiglu" with SiLU.
+enum class FfnKind : uint8_t { gelu, geglu, swiglu };
+inline constexpr NameOf<FfnKind> kFfnKindNames[] = {
+    {FfnKind::gelu, "gelu"}, {FfnKind::geglu, "geglu"}, {FfnKind::swiglu, "swiglu"}};
+struct FfnActivation {
+  Activation act;
+  bool gated;
+};
+constexpr FfnActivation ffn_activation(FfnKind k) {
+  return k == FfnKind::swiglu  ? FfnActivation{Activation::silu, true}
+         : k == FfnKind::geglu ? FfnActivation{Activation::gelu_tanh, true}
+                               : FfnActivation{Activation::gelu_erf, false};
+}
+
 struct FeedForwardOptions {
   int64_t d_model = 0;
   int64_t hidden = 0;  // h; fc1 has 2h rows when gated

@@ -74,17 +74,6 @@ Var CausalSelfAttention::forward_impl(const Var& x) {
   return y;
 }
 
-FfnKind parse_ffn_kind(const std::string& s) {
-  if (s == "gelu") return FfnKind::gelu;
-  if (s == "geglu") return FfnKind::geglu;
-  if (s == "swiglu") return FfnKind::swiglu;
-  FFN_THROW("[model] ffn must be \"gelu\", \"geglu\" or \"swiglu\", got \"", s, "\"");
-}
-
-const char* ffn_kind_name(FfnKind k) {
-  return k == FfnKind::gelu ? "gelu" : k == FfnKind::geglu ? "geglu" : "swiglu";
-}
-
 namespace {
 double proj_std(const GptConfig& cfg) {
   return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.layers));
@@ -110,19 +99,15 @@ TransformerBlock::TransformerBlock(const GptConfig& cfg, std::shared_ptr<Generat
   f.d_model = cfg.d_model;
   f.hidden = static_cast<int64_t>(std::llround(cfg.ffn_mult * static_cast<double>(cfg.d_model)));
   FFN_CHECK(f.hidden > 0, "[model] ffn_mult=", cfg.ffn_mult, " gives an empty hidden layer");
-  f.act = cfg.ffn == FfnKind::swiglu  ? Activation::silu
-          : cfg.ffn == FfnKind::geglu ? Activation::gelu_tanh
-                                      : Activation::gelu_erf;
+  f.act = ffn_activation(cfg.ffn).act;
+  f.gated = ffn_activation(cfg.ffn).gated;
   f.dropout = 0.0f;      // nanoGPT drops only the MLP output,
   f.out_dropout = 0.0f;  // which the block does in its residual add
   f.bias = cfg.bias;
   f.init_std = cfg.init_std;
   f.place = cfg.place;
   // Weights come from `init` (identical on every rank); `rng` only draws dropout masks.
-  if (cfg.ffn == FfnKind::gelu)
-    mlp_ = std::make_unique<FeedForward>(f, rng, &init);
-  else
-    mlp_ = std::make_unique<GatedFeedForward>(f, rng, &init);
+  mlp_ = std::make_unique<FeedForward>(f, rng, &init);
   register_module("ln_1", ln_1_);
   register_module("attn", attn_);
   register_module("ln_2", ln_2_);

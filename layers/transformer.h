@@ -66,10 +66,6 @@ class CausalSelfAttention : public Layer {
   Linear c_attn_, c_proj_;
 };
 
-enum class FfnKind : uint8_t { gelu, geglu, swiglu };
-FfnKind parse_ffn_kind(const std::string& s);  // "gelu" | "geglu" | "swiglu"
-const char* ffn_kind_name(FfnKind k);
-
 struct GptConfig {
   int64_t vocab_size = 0;
   int64_t context = 0;

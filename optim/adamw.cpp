@@ -140,13 +140,6 @@ void LossScaler::set_state(const std::vector<double>& s) {
   good_ = static_cast<int64_t>(s[1]);
 }
 
-LrSchedule parse_schedule(const std::string& s) {
-  if (s == "constant") return LrSchedule::constant;
-  if (s == "linear") return LrSchedule::linear;
-  if (s == "cosine") return LrSchedule::cosine;
-  FFN_THROW("[schedule] expected \"constant\", \"linear\" or \"cosine\", got \"", s, "\"");
-}
-
 double lr_at(LrSchedule s, int64_t iter, double lr, double min_lr, int64_t warmup,
              int64_t decay_iters) {
   if (iter < warmup)

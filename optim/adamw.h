@@ -13,6 +13,7 @@
 
 #include "core/autograd.h"
 #include "core/readback.h"
+#include "core/names.h"
 #include "kernels/adamw.h"
 
 namespace ffn {
@@ -92,7 +93,8 @@ class LossScaler {
 };
 
 enum class LrSchedule : uint8_t { constant, linear, cosine };
-LrSchedule parse_schedule(const std::string& s);  // "constant" | "linear" | "cosine"
+inline constexpr NameOf<LrSchedule> kLrScheduleNames[] = {
+    {LrSchedule::constant, "constant"}, {LrSchedule::linear, "linear"}, {LrSchedule::cosine, "cosine"}};
 
 // lr at iteration `iter` (0-based): linear warmup lr·(iter+1)/(warmup+1) for iter < warmup,
 // then constant lr, or linear / cosine decay from lr to min_lr at decay_iters (min_lr after).

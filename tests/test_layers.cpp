@@ -364,7 +364,7 @@ TEST_CASE("a 2-layer GPT passes finite-difference checks end to end (all paramet
       Generator init(3);
       auto rng = std::make_shared<Generator>(9);
       GPT model(tiny_gpt(k, p), rng, init);
-      CAPTURE(ffn_kind_name(k));
+      CAPTURE(name_of(kFfnKindNames, k));
       CAPTURE(p);
       // The loss must be a pure function of the parameters: replay the same dropout streams.
       const uint64_t off = rng->offset();

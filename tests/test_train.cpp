@@ -56,7 +56,7 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
   CHECK(c.train.lr == 3e-4);
   CHECK(c.train.iters == 70);
   CHECK(c.run.dir == "out/x");
-  CHECK(c.model.ffn == "swiglu");
+  CHECK(c.model.ffn == FfnKind::swiglu);
   CHECK(!c.model.bias);
   CHECK(c.train.beta2 == 0.99);  // default
   CHECK(c.runtime.fused_attention);  // default: the flash-style kernels where they apply
@@ -71,6 +71,48 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
   CHECK(sc.model.d_model == 384);
   CHECK(sc.train.batch_size == 64);
   CHECK(sc.model.dropout == 0.2);
+}
+
+TEST_CASE("config: choice keys are parsed once into enums, with one FfnKind -> activation mapping") {
+  const Config c = Config::parse(
+      "[model]\nffn = \"geglu\"\n[train]\nschedule = \"linear\"\n[runtime]\nprecision = "
+      "\"fp32\"\ndevice = \"cpu\"\n[data]\nkind = \"synthetic\"\n",
+      "t.toml");
+  CHECK(c.model.ffn == FfnKind::geglu);
+  CHECK(c.train.schedule == LrSchedule::linear);
+  CHECK(c.runtime.precision == Precision::fp32);
+  CHECK(c.runtime.device == DeviceRequest{Device::cpu()});
+  CHECK(c.data.kind == DataKind::synthetic);
+  CHECK(Config::parse("", "t.toml").runtime.device == DeviceRequest{});  // "auto"
+  CHECK(Config::parse("", "t.toml", {"runtime.device=cuda:2"}).runtime.device ==
+        DeviceRequest{Device::cuda(2)});
+  const std::string dumped = c.to_toml();
+  for (const char* line : {"ffn = \"geglu\"", "schedule = \"linear\"", "precision = \"fp32\"",
+                           "device = \"cpu\"", "kind = \"synthetic\""})
+    CHECK_MESSAGE(dumped.find(line) != std::string::npos, line);
+  // "gelu" means the exact-erf GELU everywhere (ffn-train's blocks and ffn-demo both read
+  // ffn_activation); the gated kinds use the tanh GELU and SiLU.
+  CHECK(ffn_activation(FfnKind::gelu).act == Activation::gelu_erf);
+  CHECK(!ffn_activation(FfnKind::gelu).gated);
+  CHECK(ffn_activation(FfnKind::geglu).act == Activation::gelu_tanh);
+  CHECK(ffn_activation(FfnKind::geglu).gated);
+  CHECK(ffn_activation(FfnKind::swiglu).act == Activation::silu);
+  CHECK(ffn_activation(FfnKind::swiglu).gated);
+  CHECK(compute_dtype(Precision::automatic, Device::cpu()) == DType::f32);
+  CHECK(compute_dtype(Precision::automatic, Device::cuda(0)) == DType::bf16);
+  CHECK(compute_dtype(Precision::fp16, Device::cuda(0)) == DType::f16);
+  expect_config_error("[runtime]\ndevice = \"cpu\"\nprecision = \"bf16\"\n", {},
+                      "runtime.precision: \"bf16\" needs a GPU");
+  expect_config_error("[runtime]\ndevice = \"gpu0\"\n", {}, "runtime.device: expected");
+  expect_config_error("[runtime]\ndevice = 3\n", {}, "runtime.device: expected");
+  expect_config_error("[train]\nschedule = \"step\"\n", {},
+                      "train.schedule: expected one of \"constant\", \"linear\", \"cosine\", got \"step\"");
+  // Devices: "auto" is decided in one place; a GPU that is not there is named.
+  if (cuda_device_count() == 0) {
+    CHECK(resolve_device({}, "runtime.device") == Device::cpu());
+    CHECK_THROWS_WITH_AS(resolve_device({Device::cuda(0)}, "runtime.device"),
+                         doctest::Contains("[config] runtime.device: \"cuda:0\" requested but"), Error);
+  }
 }
 
 TEST_CASE("config errors name the key (unknown, wrong type, out of range, cross-key)") {
@@ -95,7 +137,7 @@ TEST_CASE("data: character vocabulary, token files in both layouts, deterministi
   const fs::path dir = temp_dir("data");
   std::ofstream(dir / "t.txt") << "hello world, hello tokens\n";
   DataSection d;
-  d.kind = "text";
+  d.kind = DataKind::text;
   d.path = (dir / "t.txt").string();
   d.val_fraction = 0.25;
   const Dataset ds = load_dataset(d, 4);

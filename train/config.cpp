@@ -15,11 +15,11 @@
 
 namespace ffn::train {
 
-namespace {
-
-[[noreturn]] void config_error(const std::string& msg) {
+void config_error(const std::string& msg) {
   throw Error("[config] " + msg, ErrorKind::config);
 }
+
+namespace {
 
 std::string describe(const toml::node& n) {
   std::ostringstream os;
@@ -106,6 +106,28 @@ Field str_field(const std::string& path, std::string& ref, std::vector<std::stri
           [&ref]() { return quote(ref); }};
 }
 
+// A choice key: read through the enum's name table (core/names.h), aliases accepted,
+// written back by its canonical name.
+template <class E, size_t N>
+Field enum_field(const std::string& path, E& ref, const NameOf<E> (&table)[N]) {
+  std::vector<std::string> choices;
+  for (const auto& e : table)
+    if (name_of(table, e.value) == e.name) choices.push_back(e.name);
+  return {path, Kind::string,
+          [&ref, &table, path, choices](const toml::node& n) {
+            std::string list;
+            for (const auto& c : choices) list += (list.empty() ? "" : ", ") + quote(c);
+            if (!n.is_string())
+              config_error(path + ": expected a string (one of " + list + "), got " + describe(n));
+            const auto v = value_of(table, *n.value<std::string>());
+            if (!v)
+              config_error(path + ": expected one of " + list + ", got " +
+                           quote(*n.value<std::string>()));
+            ref = *v;
+          },
+          [&ref, &table]() { return quote(name_of(table, ref)); }};
+}
+
 Field bool_field(const std::string& path, bool& ref) {
   return {path, Kind::boolean,
           [&ref, path](const toml::node& n) {
@@ -130,25 +152,20 @@ std::vector<Field> fields(Config& c) {
       int_field("run.keep_checkpoints", c.run.keep_checkpoints, 1, ">= 1"),
       {"runtime.device", Kind::string,
        [&c](const toml::node& n) {
-         if (!n.is_string())
+         const auto r = n.is_string() ? DeviceRequest::try_parse(*n.value<std::string>())
+                                      : std::nullopt;
+         if (!r)
            config_error("runtime.device: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got " +
                         describe(n));
-         const std::string v = *n.value<std::string>();
-         bool ok = v == "auto" || v == "cpu" || v == "cuda";
-         if (!ok && v.rfind("cuda:", 0) == 0 && v.size() > 5)
-           ok = v.find_first_not_of("0123456789", 5) == std::string::npos;
-         if (!ok)
-           config_error("runtime.device: expected \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got " +
-                        quote(v));
-         c.runtime.device = v;
+         c.runtime.device = *r;
        },
-       [&c]() { return quote(c.runtime.device); }},
-      str_field("runtime.precision", c.runtime.precision, {"auto", "bf16", "fp16", "fp32"}),
+       [&c]() { return quote(c.runtime.device.str()); }},
+      enum_field("runtime.precision", c.runtime.precision, kPrecisionNames),
       int_field("runtime.nproc", c.runtime.nproc, 1, ">= 1"),
       bool_field("runtime.gemm_autotune", c.runtime.gemm_autotune),
       bool_field("runtime.fp32_residual", c.runtime.fp32_residual),
       bool_field("runtime.fused_attention", c.runtime.fused_attention),
-      str_field("data.kind", c.data.kind, {"synthetic", "text", "tokens"}),
+      enum_field("data.kind", c.data.kind, kDataKindNames),
       str_field("data.path", c.data.path, {}),
       str_field("data.val_path", c.data.val_path, {}),
       num_field("data.val_fraction", c.data.val_fraction, frac, "in (0, 1)"),
@@ -157,7 +174,7 @@ std::vector<Field> fields(Config& c) {
       int_field("model.layers", c.model.layers, 1, ">= 1"),
       int_field("model.heads", c.model.heads, 1, ">= 1"),
       int_field("model.d_model", c.model.d_model, 1, ">= 1"),
-      str_field("model.ffn", c.model.ffn, {"gelu", "geglu", "swiglu"}),
+      enum_field("model.ffn", c.model.ffn, kFfnKindNames),
       num_field("model.ffn_mult", c.model.ffn_mult, pos, "> 0"),
       num_field("model.dropout", c.model.dropout, unit, "in [0, 1)"),
       bool_field("model.bias", c.model.bias),
@@ -167,7 +184,7 @@ std::vector<Field> fields(Config& c) {
       num_field("train.min_lr", c.train.min_lr, nonneg, ">= 0"),
       int_field("train.warmup", c.train.warmup, 0, ">= 0"),
       int_field("train.decay_iters", c.train.decay_iters, 0, ">= 0 (0: iters)"),
-      str_field("train.schedule", c.train.schedule, {"constant", "linear", "cosine"}),
+      enum_field("train.schedule", c.train.schedule, kLrScheduleNames),
       num_field("train.weight_decay", c.train.weight_decay, nonneg, ">= 0"),
       bool_field("train.decay_matrices_only", c.train.decay_matrices_only),
       num_field("train.beta1", c.train.beta1, unit, "in [0, 1)"),
@@ -189,13 +206,13 @@ void cross_check(const Config& c) {
   if (c.train.min_lr > c.train.lr)
     config_error("train.min_lr: " + fmt_double(c.train.min_lr) + " is above train.lr=" +
                  fmt_double(c.train.lr));
-  if (c.data.kind != "synthetic" && c.data.path.empty())
-    config_error("data.path: data.kind=\"" + c.data.kind + "\" needs a path");
-  if (c.data.kind == "tokens" && c.model.vocab_size == 0)
+  if (c.data.kind != DataKind::synthetic && c.data.path.empty())
+    config_error("data.path: data.kind=\"" + std::string(name_of(kDataKindNames, c.data.kind)) +
+                 "\" needs a path");
+  if (c.data.kind == DataKind::tokens && c.model.vocab_size == 0)
     config_error("model.vocab_size: token files need an explicit vocab size (e.g. 50257)");
-  if (c.runtime.device == "cpu" && (c.runtime.precision == "bf16" || c.runtime.precision == "fp16"))
-    config_error("runtime.precision: \"" + c.runtime.precision +
-                 "\" needs a GPU; the CPU path computes in fp32");
+  if (c.runtime.device.device && c.runtime.device.device->is_cpu())
+    compute_dtype(c.runtime.precision, Device::cpu());  // a 16-bit precision is refused here
 }
 
 void apply(std::vector<Field>& fs, const toml::table& root, const std::string& origin) {
@@ -228,6 +245,20 @@ void apply(std::vector<Field>& fs, const toml::table& root, const std::string& o
 }
 
 }  // namespace
+
+DType compute_dtype(Precision p, Device dev) {
+  switch (p) {
+    case Precision::automatic: return dev.is_cuda() ? DType::bf16 : DType::f32;
+    case Precision::fp32: return DType::f32;
+    case Precision::bf16:
+    case Precision::fp16:
+      if (dev.is_cpu())
+        config_error("runtime.precision: \"" + std::string(name_of(kPrecisionNames, p)) +
+                     "\" needs a GPU; the CPU computes in fp32");
+      return p == Precision::bf16 ? DType::bf16 : DType::f16;
+  }
+  return DType::f32;
+}
 
 Config Config::parse(const std::string& text, const std::string& origin,
                      const std::vector<std::string>& overrides) {

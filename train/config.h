@@ -15,7 +15,30 @@
 #include <utility>
 #include <vector>
 
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/names.h"
+#include "layers/layers.h"  // FfnKind
+#include "optim/adamw.h"    // LrSchedule
+
 namespace ffn::train {
+
+// runtime.precision; "auto" is bf16 on a GPU and fp32 on the CPU (compute_dtype).
+enum class Precision : uint8_t { automatic, bf16, fp16, fp32 };
+inline constexpr NameOf<Precision> kPrecisionNames[] = {{Precision::automatic, "auto"},
+                                                        {Precision::bf16, "bf16"},
+                                                        {Precision::fp16, "fp16"},
+                                                        {Precision::fp32, "fp32"}};
+// Throws Error(kind = config) with "[config] " + msg; msg starts with the key or file.
+[[noreturn]] void config_error(const std::string& msg);
+
+// The compute dtype of a run; a 16-bit precision on the CPU is a config error.
+DType compute_dtype(Precision p, Device dev);
+
+// data.kind.
+enum class DataKind : uint8_t { synthetic, text, tokens };
+inline constexpr NameOf<DataKind> kDataKindNames[] = {
+    {DataKind::synthetic, "synthetic"}, {DataKind::text, "text"}, {DataKind::tokens, "tokens"}};
 
 struct RunSection {
   std::string dir = "runs/default";
@@ -28,8 +51,8 @@ struct RunSection {
 };
 
 struct RuntimeSection {
-  std::string device = "auto";     // "auto" | "cpu" | "cuda" | "cuda:N"
-  std::string precision = "auto";  // "auto" (bf16 on GPU, fp32 on CPU) | "bf16" | "fp16" | "fp32"
+  DeviceRequest device;                     // "auto" | "cpu" | "cuda" | "cuda:N"
+  Precision precision = Precision::automatic;  // kPrecisionNames
   int64_t nproc = 1;
   bool gemm_autotune = false;  // time cuBLASLt candidates (faster; resume no longer bit-exact)
   bool fp32_residual = true;   // bf16/fp16 runs: residual stream in fp32 (as PyTorch autocast)
@@ -37,7 +60,7 @@ struct RuntimeSection {
 };
 
 struct DataSection {
-  std::string kind = "synthetic";  // "synthetic" | "text" | "tokens"
+  DataKind kind = DataKind::synthetic;
   std::string path;                // text file or uint16 .bin token file
   std::string val_path;            // tokens only: separate validation .bin (else split)
   double val_fraction = 0.1;
@@ -49,7 +72,7 @@ struct ModelSection {
   int64_t layers = 2;
   int64_t heads = 2;
   int64_t d_model = 64;
-  std::string ffn = "gelu";  // "gelu" | "geglu" | "swiglu"
+  FfnKind ffn = FfnKind::gelu;  // kFfnKindNames; ffn_activation() gives its math
   double ffn_mult = 4.0;
   double dropout = 0.0;
   bool bias = true;
@@ -62,7 +85,7 @@ struct TrainSection {
   double min_lr = 1e-4;
   int64_t warmup = 20;
   int64_t decay_iters = 0;  // 0: iters
-  std::string schedule = "cosine";  // "constant" | "linear" | "cosine"
+  LrSchedule schedule = LrSchedule::cosine;
   double weight_decay = 0.1;
   bool decay_matrices_only = true;
   double beta1 = 0.9;

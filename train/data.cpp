@@ -14,16 +14,12 @@
 namespace ffn::train {
 
 namespace {
-[[noreturn]] void data_error(const std::string& msg) {
-  throw Error("[config] " + msg, ErrorKind::config);
-}
-
 std::string read_file(const std::string& path, const char* key) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    data_error(std::string(key) + ": '" + path + "' is a directory, not a file");
+    config_error(std::string(key) + ": '" + path + "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) data_error(std::string(key) + ": cannot open '" + path + "'");
+  if (!in) config_error(std::string(key) + ": cannot open '" + path + "'");
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -90,17 +86,17 @@ std::vector<int32_t> read_token_file(const std::string& path, const char* key) {
   if (bytes.size() >= 1024) std::memcpy(header, bytes.data(), sizeof(header));
   if (header[0] == 20240520) {  // llm.c
     if (header[1] != 1)
-      data_error(std::string(key) + ": '" + path + "' has llm.c header version " +
+      config_error(std::string(key) + ": '" + path + "' has llm.c header version " +
                  std::to_string(header[1]) + " (expected 1)");
     begin = 1024;
     count = static_cast<size_t>(header[2]);
     if (bytes.size() != begin + 2 * count)
-      data_error(std::string(key) + ": '" + path + "' header says " + std::to_string(count) +
+      config_error(std::string(key) + ": '" + path + "' header says " + std::to_string(count) +
                  " tokens but the file holds " + std::to_string((bytes.size() - begin) / 2) +
                  " (truncated?)");
   } else {
     if (bytes.size() % 2 != 0)
-      data_error(std::string(key) + ": '" + path + "' has an odd size (" + std::to_string(bytes.size()) +
+      config_error(std::string(key) + ": '" + path + "' has an odd size (" + std::to_string(bytes.size()) +
                  " bytes); expected uint16 tokens");
     count = bytes.size() / 2;
   }
@@ -116,7 +112,7 @@ std::vector<int32_t> read_token_file(const std::string& path, const char* key) {
 Dataset load_dataset(const DataSection& d, int64_t context) {
   Dataset ds;
   std::vector<int32_t> all;
-  if (d.kind == "tokens") {
+  if (d.kind == DataKind::tokens) {
     all = read_token_file(d.path, "data.path");
     if (!d.val_path.empty()) {
       ds.train = std::move(all);
@@ -130,14 +126,15 @@ Dataset load_dataset(const DataSection& d, int64_t context) {
     ds.vocab_size = std::max(ds.train_max_id, ds.val_max_id) + 1;
     ds.describe = "tokens from " + d.path;
   } else {
-    const std::string text = d.kind == "text" ? read_file(d.path, "data.path") : synthetic_corpus();
+    const bool text_file = d.kind == DataKind::text;
+    const std::string text = text_file ? read_file(d.path, "data.path") : synthetic_corpus();
     std::array<bool, 256> seen{};
     for (char c : text) seen[static_cast<uint8_t>(c)] = true;
     for (int c = 0; c < 256; ++c)
       if (seen[c]) ds.chars.push_back(static_cast<uint8_t>(c));
     all = encode_chars(ds.chars, text);
     ds.vocab_size = static_cast<int64_t>(ds.chars.size());
-    ds.describe = (d.kind == "text" ? "characters of " + d.path : std::string("synthetic corpus")) +
+    ds.describe = (text_file ? "characters of " + d.path : std::string("synthetic corpus")) +
                   " (" + std::to_string(text.size()) + " chars, vocab " +
                   std::to_string(ds.vocab_size) + ")";
   }
@@ -148,7 +145,7 @@ Dataset load_dataset(const DataSection& d, int64_t context) {
   }
   for (const auto* split : {&ds.train, &ds.val})
     if (static_cast<int64_t>(split->size()) < context + 1)
-      data_error(std::string("data.") + (split == &ds.train ? "path" : "val_fraction") + ": the " +
+      config_error(std::string("data.") + (split == &ds.train ? "path" : "val_fraction") + ": the " +
                  (split == &ds.train ? "train" : "val") + " split has " +
                  std::to_string(split->size()) + " tokens, fewer than context + 1 = " +
                  std::to_string(context + 1));
@@ -158,7 +155,7 @@ Dataset load_dataset(const DataSection& d, int64_t context) {
 void check_vocab(const Dataset& ds, const DataSection& d, int64_t vocab) {
   if (!ds.chars.empty()) {
     if (vocab < ds.vocab_size)
-      data_error("model.vocab_size: " + std::to_string(vocab) + " is smaller than the data's " +
+      config_error("model.vocab_size: " + std::to_string(vocab) + " is smaller than the data's " +
                  std::to_string(ds.vocab_size) + " distinct characters");
     return;
   }
@@ -169,7 +166,7 @@ void check_vocab(const Dataset& ds, const DataSection& d, int64_t vocab) {
         std::tuple{split_file ? "data.path" : "data.val_path", split_file ? d.path : d.val_path,
                    ds.val_max_id}})
     if (mx >= vocab)
-      data_error(std::string(key) + ": '" + path + "' holds token id " + std::to_string(mx) +
+      config_error(std::string(key) + ": '" + path + "' holds token id " + std::to_string(mx) +
                  ", but model.vocab_size = " + std::to_string(vocab) +
                  " (ids must be < vocab_size)");
 }

@@ -53,11 +53,15 @@ int main(int argc, char** argv) {
       throw Error("[ffn-sample] '" + dir + "' was trained on token files; sampling text needs a "
                   "character-level run (data.kind = \"text\" or \"synthetic\")",
                   ErrorKind::config);
-    Device dev = device == "auto" ? (cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu())
-                                  : Device::parse(device);
+    const auto req = DeviceRequest::try_parse(device);
+    if (!req)
+      throw Error("[config] --device: expected auto, cpu, cuda or cuda:N, got '" + device + "'",
+                  ErrorKind::config);
+    const Device dev = resolve_device(*req, "--device");
     const int64_t vocab =
         cfg.model.vocab_size ? cfg.model.vocab_size : static_cast<int64_t>(st.vocab.size());
-    GptConfig g = train::gpt_config(cfg, vocab, dev, dev.is_cuda() ? DType::bf16 : DType::f32);
+    GptConfig g = train::gpt_config(cfg, vocab, dev,
+                                    train::compute_dtype(train::Precision::automatic, dev));
     g.dropout = 0.0f;  // eval only
     Generator init(0);
     GPT model(g, std::make_shared<Generator>(0), init);

@@ -21,10 +21,6 @@ namespace ffn::train {
 
 namespace {
 
-[[noreturn]] void config_error(const std::string& msg) {
-  throw Error("[config] " + msg, ErrorKind::config);
-}
-
 // Absolute and normalised, following symlinks that exist, for comparing run directories.
 fs::path canonical_dir(const std::string& p) {
   std::error_code ec;

@@ -35,29 +35,6 @@ namespace ffn::train {
 
 namespace {
 
-[[noreturn]] void config_error(const std::string& msg) {
-  throw Error("[config] " + msg, ErrorKind::config);
-}
-
-Device pick_device(const std::string& want) {
-  if (want == "cpu") return Device::cpu();
-  if (want == "auto") return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
-  const Device d = Device::parse(want);
-  if (cuda_device_count() <= d.index)
-    config_error("runtime.device: \"" + want + "\" requested but " +
-                 (cuda_device_count() == 0 ? cuda_unavailable_reason()
-                                           : "only " + std::to_string(cuda_device_count()) +
-                                                 " GPU(s) are visible"));
-  return d;
-}
-
-DType pick_dtype(const std::string& precision, Device dev) {
-  if (precision == "auto") return dev.is_cuda() ? DType::bf16 : DType::f32;
-  if (precision == "fp32") return DType::f32;
-  if (dev.is_cpu())
-    config_error("runtime.precision: \"" + precision + "\" needs a GPU; the CPU computes in fp32");
-  return precision == "bf16" ? DType::bf16 : DType::f16;
-}
 
 std::string device_label(Device dev) {
 #if FFN_WITH_CUDA
@@ -139,7 +116,7 @@ GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
   g.layers = c.model.layers;
   g.heads = c.model.heads;
   g.d_model = c.model.d_model;
-  g.ffn = parse_ffn_kind(c.model.ffn);
+  g.ffn = c.model.ffn;
   g.ffn_mult = c.model.ffn_mult;
   g.dropout = static_cast<float>(c.model.dropout);
   g.bias = c.model.bias;
@@ -157,18 +134,18 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   const DistEnv denv = opt.comm ? DistEnv{} : dist_env_from_environment();
   const int world = opt.comm ? opt.comm->world() : denv.world;
   const int rank = opt.comm ? opt.comm->rank() : denv.rank;
-  if (cfg.train.batch_size % world != 0)
+  if (world != cfg.runtime.nproc && cfg.train.batch_size % world != 0)  // launched from the env
     config_error("train.batch_size: the global batch " + std::to_string(cfg.train.batch_size) +
                  " is not divisible by the " + std::to_string(world) + " processes");
-  Device dev = pick_device(cfg.runtime.device);
+  Device dev = resolve_device(cfg.runtime.device, "runtime.device");
   if (world > 1 && !opt.comm) {
     if (!dev.is_cuda())
       config_error("runtime.device: data parallelism across processes needs GPUs (NCCL); got \"" +
-                   cfg.runtime.device + "\"");
-    dev = pick_device("cuda:" + std::to_string(denv.local_rank));
+                   cfg.runtime.device.str() + "\"");
+    dev = resolve_device({Device::cuda(denv.local_rank)}, "LOCAL_RANK");
   }
   const bool lead = rank == 0;  // logs, metrics, pictures and checkpoints come from rank 0
-  const DType dt = pick_dtype(cfg.runtime.precision, dev);
+  const DType dt = compute_dtype(cfg.runtime.precision, dev);
   // Timed GEMM autotuning may pick different algorithms in another process, which would
   // break bit-exact resume; it is opt-in for training runs.
   set_gemm_autotune(cfg.runtime.gemm_autotune);
@@ -264,7 +241,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
   const uint64_t eval_seed = data_seed ^ 0x5eedull;
   const int64_t iters = cfg.train.iters;
   const int64_t decay_iters = cfg.train.decay_iters ? cfg.train.decay_iters : iters;
-  const LrSchedule sched = parse_schedule(cfg.train.schedule);
+  const LrSchedule sched = cfg.train.schedule;
   const int64_t tokens_per_iter = cfg.train.batch_size * cfg.model.context;
   const double flops_per_iter = model.flops_per_token(cfg.model.context) * tokens_per_iter;
   // MFU: the global batch's flops against the peak of all `world` GPUs.
@@ -280,7 +257,7 @@ TrainResult run_training(const Config& cfg, const TrainOptions& opt) {
                 "params | batch %lld (%s tokens/iter) | run dir %s\n",
                 static_cast<long long>(cfg.model.layers), static_cast<long long>(cfg.model.heads),
                 static_cast<long long>(cfg.model.d_model),
-                static_cast<long long>(cfg.model.context), cfg.model.ffn.c_str(),
+                static_cast<long long>(cfg.model.context), name_of(kFfnKindNames, cfg.model.ffn),
                 static_cast<double>(model.num_parameters()) / 1e6,
                 static_cast<long long>(cfg.train.batch_size),
                 format_count(static_cast<double>(tokens_per_iter)).c_str(), run_dir.c_str());

@@ -9,23 +9,10 @@
 
 namespace ffn {
 
-const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::gelu_erf:
-      return "gelu_erf";
-    case Activation::gelu_tanh:
-      return "gelu_tanh";
-    case Activation::silu:
-      return "silu";
-  }
-  return "?";
-}
-
 Activation parse_activation(const std::string& s) {
-  if (s == "gelu" || s == "gelu_erf") return Activation::gelu_erf;
-  if (s == "gelu_tanh") return Activation::gelu_tanh;
-  if (s == "silu" || s == "swish") return Activation::silu;
-  FFN_THROW("[activation] unknown activation '", s, "' (expected gelu_erf, gelu_tanh or silu)");
+  if (const auto a = value_of(kActivationNames, s)) return *a;
+  FFN_THROW("[activation] unknown activation '", s, "' (expected ", names_list(kActivationNames),
+            ")");
 }
 
 void bias_gelu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,

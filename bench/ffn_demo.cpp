@@ -1,4 +1,5 @@
-// train/ffn_demo.cpp — `ffn-demo`: the main job until the config-driven trainer lands.
+// bench/ffn_demo.cpp — `ffn-demo`: one FFN layer learning a teacher, no config needed; a
+// quick end-to-end check of the fused FeedForward forward/backward and SGD on any device.
 //
 // Trains a student FFN (plain GELU, GEGLU or SwiGLU) to imitate a fixed random teacher
 // FFN of the same shape on fresh N(0, 1) inputs every step (SGD with momentum, MSE),
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 #include <memory>
 
 #include "layers/layers.h"
@@ -21,7 +23,7 @@ namespace {
 
 struct Options {
   std::string device = "auto";
-  std::string ffn = "gelu";
+  FfnKind ffn = FfnKind::gelu;
   std::string dtype = "f32";
   int64_t d_model = 64, hidden = 256, batch = 512;
   int steps = 2000, log_every = 100;
@@ -30,15 +32,6 @@ struct Options {
   uint64_t seed = 1;
 };
 
-Device pick_device(const std::string& want) {
-  if (want == "cpu") return Device::cpu();
-  if (want == "auto") return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
-  const Device d = Device::parse(want);
-  if (cuda_device_count() <= d.index)
-    throw Error("[ffn-demo] --device " + want + " requested but " + cuda_unavailable_reason(),
-                ErrorKind::config);
-  return d;
-}
 
 double eval_loss(FeedForward& student, FeedForward& teacher, const Tensor& x) {
   NoGradGuard ng;
@@ -50,16 +43,19 @@ double eval_loss(FeedForward& student, FeedForward& teacher, const Tensor& x) {
 }
 
 int run(const Options& o) {
-  const Device dev = pick_device(o.device);
+  const auto req = DeviceRequest::try_parse(o.device);
+  if (!req)
+    throw Error("[config] --device: expected auto, cpu, cuda or cuda:N, got '" + o.device + "'",
+                ErrorKind::config);
+  const Device dev = resolve_device(*req, "--device");
   const DType dt = parse_dtype(o.dtype);
   if (is_half(dt) && dev.is_cpu())
     throw Error("[ffn-demo] --dtype " + o.dtype + " needs a GPU (the CPU path computes in f32/f64)",
                 ErrorKind::config);
-  const bool gated = o.ffn != "gelu";
   FeedForwardOptions fo{.d_model = o.d_model,
                         .hidden = o.hidden,
-                        .act = o.ffn == "swiglu" ? Activation::silu : Activation::gelu_tanh,
-                        .gated = gated,
+                        .act = ffn_activation(o.ffn).act,
+                        .gated = ffn_activation(o.ffn).gated,
                         .dropout = o.dropout,
                         .place = {dt, dev}};
   auto rng = std::make_shared<Generator>(o.seed);
@@ -72,7 +68,7 @@ int run(const Options& o) {
   std::printf(
       "ffn-demo: %s FFN d_model=%lld hidden=%lld (%lld parameters, %s), batch %lld, %d steps on "
       "%s\n",
-      o.ffn.c_str(), static_cast<long long>(o.d_model), static_cast<long long>(o.hidden),
+      name_of(kFfnKindNames, o.ffn), static_cast<long long>(o.d_model), static_cast<long long>(o.hidden),
       static_cast<long long>(student.num_parameters()), dtype_name(dt),
       static_cast<long long>(o.batch), o.steps, dev.str().c_str());
   const double val0 = eval_loss(student, teacher, x_val);
@@ -112,11 +108,14 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{
-      "ffn-demo: train a fused FFN to imitate a random teacher FFN (the main job until "
-      "ffn-train lands). Uses the GPU when there is one."};
+      "ffn-demo: train a fused FFN to imitate a random teacher FFN. Uses the GPU when there "
+      "is one."};
   app.add_option("--device", o.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--ffn", o.ffn, "FFN type")
-      ->check(CLI::IsMember({"gelu", "geglu", "swiglu"}))
+  std::vector<std::string> ffn_names;
+  for (const auto& e : kFfnKindNames) ffn_names.push_back(e.name);
+  std::string ffn_name = "gelu";
+  app.add_option("--ffn", ffn_name, "FFN type, as model.ffn in configs")
+      ->check(CLI::IsMember(ffn_names))
       ->capture_default_str();
   app.add_option("--dtype", o.dtype, "f32, or bf16/f16 on a GPU (fp32 master weights)")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
@@ -151,6 +150,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  o.ffn = *value_of(kFfnKindNames, ffn_name);
   try {
     return run(o);
   } catch (const Error& e) {
