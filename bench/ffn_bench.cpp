@@ -15,10 +15,9 @@
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/generator.h"
-#include "kernels/bias_dropout.h"
-#include "kernels/bias_gelu_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
-#include "kernels/glu.h"
+#include "kernels/bias_glu_dropout.h"
 #include "layers/ffn_functional.h"
 
 using namespace ffn;
@@ -87,19 +86,19 @@ void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iter
                 kernel, w.name.c_str(), ms, bytes / ms / 1e6);
   };
   const double act_fwd = (w.m * h1 + w.m * hidden) * es, act_bwd = 2 * act_fwd;
-  report(w.gated ? "bias_glu_dropout" : "bias_gelu_dropout", act_fwd,
+  report(w.gated ? "bias_glu_dropout" : "bias_act_dropout", act_fwd,
          median_ms(device, warmup, iters, [&] {
            if (w.gated)
              bias_glu_dropout(z, b, w.act, d, hd);
            else
-             bias_gelu_dropout(z, b, w.act, d, hd);
+             bias_act_dropout(z, b, w.act, d, hd);
          }));
-  report(w.gated ? "dropout_dglu_dbias" : "dropout_dgelu_dbias", act_bwd,
+  report(w.gated ? "bias_glu_dropout_backward" : "bias_act_dropout_backward", act_bwd,
          median_ms(device, warmup, iters, [&] {
            if (w.gated)
-             dropout_dglu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
+             bias_glu_dropout_backward(dh, z, b, w.act, d, dz, &db, &hd2);
            else
-             dropout_dgelu_dbias(dh, z, b, w.act, d, dz, &db, &hd2);
+             bias_act_dropout_backward(dh, z, b, w.act, d, dz, &db, &hd2);
          }));
   Tensor copy_dst = Tensor::empty({w.m, h1}, w.dtype, dev);
   report("d2d_copy_reference", 2 * w.m * h1 * es,
@@ -113,8 +112,8 @@ void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iter
     const double bytes = 2.0 * w.m * w.d_out * es;
     report("bias_dropout", bytes,
            median_ms(device, warmup, iters, [&] { bias_dropout(y, b2, d2, out); }));
-    report("dropout_dbias", bytes,
-           median_ms(device, warmup, iters, [&] { dropout_dbias(y, d2, &out, &db2); }));
+    report("bias_dropout_backward", bytes,
+           median_ms(device, warmup, iters, [&] { bias_dropout_backward(y, d2, &out, &db2); }));
   }
 }
 
@@ -163,21 +162,21 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
   Tensor aux = Tensor::empty({w.m, w.h1}, w.dtype, dev),
          dhd = Tensor::empty({w.m, w.h1}, w.dtype, dev);
   Tensor dz = Tensor::empty({w.m, w.h1}, w.dtype, dev), db1 = Tensor::empty({w.h1}, w.dtype, dev);
-  // fc1 forward: GEMM + bias_gelu_dropout(p = 0) vs GELU_AUX_BIAS (writes hd and the saved pre).
+  // fc1 forward: GEMM + bias_act_dropout(p = 0) vs GELU_AUX_BIAS (writes hd and the saved pre).
   report("GELU_AUX_BIAS (fc1 forward)", t([&] {
            gemm(x, w1, z, {.trans_b = true});
-           bias_gelu_dropout(z, b1, Activation::gelu_tanh, {}, hd);
+           bias_act_dropout(z, b1, Activation::gelu_tanh, {}, hd);
          }),
          t([&] {
            gemm(x, w1, hd,
                 {.trans_b = true, .bias = b1, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = aux});
          }));
-  // fc1 backward middle: dhd GEMM + dropout_dgelu_dbias (dz, db1, hd for dW2) vs DGELU_BGRAD
+  // fc1 backward middle: dhd GEMM + bias_act_dropout_backward (dz, db1, hd for dW2) vs DGELU_BGRAD
   // (dz, db1) + a pass recomputing hd = gelu(pre) for dW2.
   const Tensor dz2 = dy;
   report("DGELU_BGRAD (fc1 backward)", t([&] {
            gemm(dz2, w2, dhd);
-           dropout_dgelu_dbias(dhd, z, b1, Activation::gelu_tanh, {}, dz, &db1, &hd);
+           bias_act_dropout_backward(dhd, z, b1, Activation::gelu_tanh, {}, dz, &db1, &hd);
          }),
          t([&] {
            gemm(dz2, w2, dz, {.epilogue = GemmEpilogue::dgelu_bgrad, .aux = aux, .bias_grad = db1});

@@ -5,27 +5,14 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/cuda/allocator.h"
 #include "core/error.h"
 
 namespace ffn {
 
-namespace cuda_alloc {  // defined in core/cuda/allocator.cpp when built with CUDA
-void* allocate(size_t nbytes, int device);
-void release(void* ptr, size_t nbytes, int device);
-MemoryStats stats(int device);
-void reset_peak(int device);
-void empty_cache(int device);
-}  // namespace cuda_alloc
-
 namespace {
 std::mutex g_cpu_mu;
 MemoryStats g_cpu_stats;
-
-#if !FFN_WITH_CUDA
-[[noreturn]] void no_cuda(const char* what) {
-  FFN_THROW("[", what, "] a CUDA tensor was requested but ", cuda_unavailable_reason());
-}
-#endif
 }  // namespace
 
 std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device) {
@@ -42,12 +29,8 @@ std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device) {
     }
     return std::make_shared<Storage>(p, rounded, device);
   }
-#if FFN_WITH_CUDA
   void* p = cuda_alloc::allocate(nbytes, device.index);
   return std::make_shared<Storage>(p, nbytes, device);
-#else
-  no_cuda("alloc");
-#endif
 }
 
 Storage::~Storage() {
@@ -58,9 +41,7 @@ Storage::~Storage() {
     g_cpu_stats.reserved -= nbytes_;
     return;
   }
-#if FFN_WITH_CUDA
   cuda_alloc::release(data_, nbytes_, device_.index);
-#endif
 }
 
 MemoryStats memory_stats(Device device) {
@@ -68,11 +49,7 @@ MemoryStats memory_stats(Device device) {
     std::lock_guard<std::mutex> lock(g_cpu_mu);
     return g_cpu_stats;
   }
-#if FFN_WITH_CUDA
   return cuda_alloc::stats(device.index);
-#else
-  no_cuda("memory_stats");
-#endif
 }
 
 void reset_peak_memory(Device device) {
@@ -81,19 +58,11 @@ void reset_peak_memory(Device device) {
     g_cpu_stats.peak = g_cpu_stats.in_use;
     return;
   }
-#if FFN_WITH_CUDA
   cuda_alloc::reset_peak(device.index);
-#else
-  no_cuda("reset_peak_memory");
-#endif
 }
 
 void empty_cache(Device device) {
-#if FFN_WITH_CUDA
   if (device.is_cuda()) cuda_alloc::empty_cache(device.index);
-#else
-  (void)device;
-#endif
 }
 
 }  // namespace ffn

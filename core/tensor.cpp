@@ -5,19 +5,11 @@
 #include <numeric>
 #include <sstream>
 
+#include "core/cuda/copy.h"
 #include "core/dispatch.h"
 #include "core/generator.h"
 
 namespace ffn {
-
-namespace cuda_copy {  // core/cuda/copy.cu when built with CUDA
-void copy_same_device(const Tensor& dst, const Tensor& src);
-void memcpy_between(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes);
-void fill(const Tensor& dst, double value);
-void axpy(const Tensor& dst, const Tensor& src, double alpha);
-void add(const Tensor& dst, const Tensor& a, const Tensor& b);
-void fill_normal(const Tensor& dst, uint64_t seed, uint64_t offset, double mean, double std);
-}  // namespace cuda_copy
 
 std::string shape_str(const Shape& s) {
   std::ostringstream os;
@@ -68,13 +60,11 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, DType dtype, Device device, double mean,
                      double std) {
-#if FFN_WITH_CUDA
   if (device.is_cuda()) {  // drawn on the device: same Philox words, see philox_normal4
     Tensor t = empty(shape, dtype, device);
     cuda_copy::fill_normal(t, gen.seed(), gen.next_offset(), mean, std);
     return t;
   }
-#endif
   Tensor host = empty(shape, DType::f64);
   double* p = host.data<double>();
   const uint64_t offset = gen.next_offset();
@@ -281,7 +271,6 @@ void Tensor::copy_(const Tensor& src) {
     cpu_copy(*this, src);
     return;
   }
-#if FFN_WITH_CUDA
   if (device_ == src.device_) {
     cuda_copy::copy_same_device(*this, src);
     return;
@@ -291,19 +280,14 @@ void Tensor::copy_(const Tensor& src) {
   Tensor d = is_contiguous() ? *this : Tensor::empty(shape_, dtype_, device_);
   cuda_copy::memcpy_between(d.data_ptr(), device_, s.data_ptr(), s.device_, nbytes());
   if (d.storage_ != storage_) copy_(d);
-#else
-  FFN_THROW("[copy_] ", cuda_unavailable_reason());
-#endif
 }
 
 void Tensor::fill_(double value) {
   check_defined(*this, "fill_", "self");
   if (numel() == 0) return;
   if (device_.is_cuda()) {
-#if FFN_WITH_CUDA
     cuda_copy::fill(*this, value);
     return;
-#endif
   }
   Tensor one = empty({1}, DType::f64);
   *one.data<double>() = value;
@@ -331,11 +315,9 @@ void check_sum_operands(const Tensor& self, const Tensor& other, const char* op)
 Tensor Tensor::plus(const Tensor& other) const {
   check_sum_operands(*this, other, "plus");
   if (device_.is_cuda() && numel() > 0) {
-#if FFN_WITH_CUDA
     Tensor out = empty(shape_, dtype_, device_);
     cuda_copy::add(out, contiguous(), other.contiguous());
     return out;
-#endif
   }
   Tensor out = clone();
   out.add_(other);
@@ -348,10 +330,8 @@ void Tensor::add_(const Tensor& other, double alpha) {
   const Tensor src = other.contiguous();
   if (numel() == 0) return;
   if (device_.is_cuda()) {
-#if FFN_WITH_CUDA
     cuda_copy::axpy(*this, src, alpha);
     return;
-#endif
   }
   const Tensor same = src.to(dtype_);  // other may be any float dtype
   FFN_DISPATCH_ALL(dtype_, "add_", [&]<class T>() {

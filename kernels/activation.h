@@ -4,6 +4,7 @@
 //   gelu_erf(x)  = x/2 · (1 + erf(x/√2))
 //   gelu_tanh(x) = x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³)))  (computed as x·σ(2u))
 //   silu(x)      = x · σ(x)
+//   identity(x)  = x       (bias + dropout without an activation)
 // T is float or double; 16-bit inputs are converted to float by the caller.
 #pragma once
 
@@ -15,13 +16,13 @@
 
 namespace ffn {
 
-enum class Activation : uint8_t { gelu_erf, gelu_tanh, silu };
+enum class Activation : uint8_t { gelu_erf, gelu_tanh, silu, identity };
 // Canonical names first; "gelu" (= gelu_erf, PyTorch's nn.GELU() default) and "swish" are
 // aliases.
 inline constexpr NameOf<Activation> kActivationNames[] = {
     {Activation::gelu_erf, "gelu_erf"}, {Activation::gelu_tanh, "gelu_tanh"},
-    {Activation::silu, "silu"},         {Activation::gelu_erf, "gelu"},
-    {Activation::silu, "swish"}};
+    {Activation::silu, "silu"},         {Activation::identity, "identity"},
+    {Activation::gelu_erf, "gelu"},     {Activation::silu, "swish"}};
 
 inline const char* activation_name(Activation a) {
   return name_of(kActivationNames, a);
@@ -73,6 +74,8 @@ FFN_HD T value(T x, Activation a) {
     }
     case Activation::silu:
       return div_(x, T(1) + exp_(-x));
+    case Activation::identity:
+      return x;
   }
   return x;
 }
@@ -95,6 +98,8 @@ FFN_HD T grad(T x, Activation a) {
       const T s = div_(T(1), T(1) + exp_(-x));
       return s * (T(1) + x * (T(1) - s));
     }
+    case Activation::identity:
+      return T(1);
   }
   return T(1);
 }
@@ -125,6 +130,8 @@ FFN_HD void value_grad(T x, Activation a, T& v, T& g) {
       g = s * (T(1) + x * (T(1) - s));
       return;
     }
+    case Activation::identity:
+      break;
   }
   v = x;
   g = T(1);

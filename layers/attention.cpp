@@ -17,9 +17,9 @@
 #include <cmath>
 
 #include "kernels/attention.h"
-#include "kernels/bias_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
-#include "kernels/softmax.h"
+#include "kernels/causal_softmax.h"
 #include "layers/functional.h"
 
 namespace ffn::fn {

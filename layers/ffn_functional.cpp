@@ -1,10 +1,9 @@
 // layers/ffn_functional.cpp — the FFN block's forward and backward on the fused kernels.
 #include "layers/ffn_functional.h"
 
-#include "kernels/bias_dropout.h"
-#include "kernels/bias_gelu_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
-#include "kernels/glu.h"
+#include "kernels/bias_glu_dropout.h"
 
 namespace ffn {
 
@@ -73,7 +72,7 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
     if (cfg.gated)
       bias_glu_dropout(z, p.b1, cfg.act, d.hidden, hd);
     else
-      bias_gelu_dropout(z, p.b1, cfg.act, d.hidden, hd);
+      bias_act_dropout(z, p.b1, cfg.act, d.hidden, hd);
     if (p.w1.defined() && !cfg.recompute) out.z = z;
   }
 
@@ -108,7 +107,7 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
     if (p.b2.defined()) g.db2 = Tensor::empty({y_shape[1]}, x.dtype(), x.device());
     if (d.out.active()) {
       dz2 = Tensor::empty(y_shape, x.dtype(), x.device());
-      dropout_dbias(dy, d.out, &dz2, p.b2.defined() ? &g.db2 : nullptr);
+      bias_dropout_backward(dy, d.out, &dz2, p.b2.defined() ? &g.db2 : nullptr);
     } else if (p.b2.defined()) {
       bias_grad(dy, g.db2);
     }
@@ -133,9 +132,9 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   Tensor* hd_out = hd.defined() ? &hd : nullptr;
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
   if (cfg.gated)
-    dropout_dglu_dbias(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
+    bias_glu_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
   else
-    dropout_dgelu_dbias(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
+    bias_act_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
 
   if (p.w2.defined()) g.dw2 = matmul(dz2, hd, {.trans_a = true});
   if (p.w1.defined()) {

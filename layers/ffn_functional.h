@@ -3,7 +3,7 @@
 // FeedForward, GatedFeedForward and the benchmarks all run these, so what is
 // timed is what users train with. With x: [M, d] (callers flatten leading dims):
 //   z  = x · W1ᵀ                                   [M, H1]  (H1 = h, or 2h when gated)
-//   hd = dropout_h(act(z + b1))                    plain   (bias_gelu_dropout)
+//   hd = dropout_h(act(z + b1))                    plain   (bias_act_dropout)
 //   hd = dropout_h(v ⊙ act(g)), [v | g] = z + b1   gated   (bias_glu_dropout)
 //   y  = dropout_o(hd · W2ᵀ + b2)                  [M, d_out]
 // Any of b1, W2, b2 may be absent; without W1 the input is z itself (x = z),
@@ -16,7 +16,7 @@
 // GELU_AUX_BIAS epilogue) and the two DropoutSpecs.
 // Never the mask, never hd or the activation: backward regenerates the mask
 // from the specs and recomputes hd from z in the same kernel that computes dz
-// and db1 (dropout_dgelu_dbias / dropout_dglu_dbias).
+// and db1 (bias_act_dropout_backward / bias_glu_dropout_backward).
 #pragma once
 
 #include "core/philox.h"

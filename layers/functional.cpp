@@ -1,12 +1,12 @@
 // layers/functional.cpp — the autograd Nodes behind layers/functional.h.
 #include "layers/functional.h"
 
-#include "kernels/bias_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
-#include "kernels/layernorm.h"
+#include "kernels/layer_norm.h"
 #include "kernels/mse_loss.h"
 
 namespace ffn::fn {
@@ -50,7 +50,7 @@ class DropoutNode final : public Node {
   std::vector<Tensor> backward(Tensor d_out) override {
     const Tensor dy = as_2d(d_out);
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
-    dropout_dbias(dy, d_, &dx, nullptr);
+    bias_dropout_backward(dy, d_, &dx, nullptr);
     return {dx.reshape(d_out.shape())};
   }
   void release() override {}

@@ -33,7 +33,7 @@ Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2
 // out[..., :] = table[ids[...], :]; ids: i32 of any shape, table: [V, C] → [..., C].
 // check_ids: see kernels/embedding.h (false only for ids the caller built in range).
 Var embedding(const Tensor& ids, const Var& table, bool check_ids = true);
-// LayerNorm over the last dimension (kernels/layernorm.h); b may be an undefined Var. The
+// LayerNorm over the last dimension (kernels/layer_norm.h); b may be an undefined Var. The
 // output has w's dtype (x may be the fp32 residual stream of a 16-bit model on the GPU).
 Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in

@@ -2,10 +2,10 @@
 // finite differences, and its argument checks. (CUDA kernels: tests/test_kernels_cuda.cpp.)
 #include <cmath>
 
-#include "kernels/bias_dropout.h"
-#include "kernels/bias_gelu_dropout.h"
+#include "kernels/attention.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
-#include "kernels/glu.h"
+#include "kernels/bias_glu_dropout.h"
 #include "kernels/mse_loss.h"
 #include "layers/functional.h"
 #include "tests/test_util.h"
@@ -133,7 +133,7 @@ TEST_CASE("gemm rejects mismatched shapes, dtypes and ranks") {
       doctest::Contains("[gemm] dtype bf16 is not supported here"), Error);
 }
 
-TEST_CASE("bias_dropout and dropout_dbias follow their formulas") {
+TEST_CASE("bias_dropout and bias_dropout_backward follow their formulas") {
   Generator g(4);
   for (const Shape& s : kShapes) {
     const Tensor z = rand64(s, g), b = rand64({s[1]}, g), dy = rand64(s, g);
@@ -142,7 +142,7 @@ TEST_CASE("bias_dropout and dropout_dbias follow their formulas") {
       Tensor y = Tensor::empty(s, DType::f64), dz = Tensor::empty(s, DType::f64),
              db = Tensor::empty({s[1]}, DType::f64);
       bias_dropout(z, b, d, y);
-      dropout_dbias(dy, d, &dz, &db);
+      bias_dropout_backward(dy, d, &dz, &db);
       const auto zv = z.to_vector(), bv = b.to_vector(), gv = dy.to_vector();
       std::vector<double> ye(zv.size()), dze(zv.size()), dbe(s[1], 0.0);
       for (int64_t r = 0; r < s[0]; ++r)
@@ -154,12 +154,31 @@ TEST_CASE("bias_dropout and dropout_dbias follow their formulas") {
           dbe[c] += dze[i];
         }
       check_close(y, Tensor::from_vector(ye, s, DType::f64), 1e-12, 1e-12, "bias_dropout");
-      check_close(dz, Tensor::from_vector(dze, s, DType::f64), 1e-12, 1e-12, "dropout_dbias dz");
+      check_close(dz, Tensor::from_vector(dze, s, DType::f64), 1e-12, 1e-12, "bias_dropout_backward dz");
       check_close(db, Tensor::from_vector(dbe, {s[1]}, DType::f64), 1e-10, 1e-10,
-                  "dropout_dbias db");
+                  "bias_dropout_backward db");
       if (p == 1.0f) CHECK(ffn::test::max_abs_diff(y, Tensor::zeros(s, DType::f64)) == 0.0);
+      // db alone (no dz): the same sums.
+      Tensor db_only = Tensor::empty({s[1]}, DType::f64);
+      bias_dropout_backward(dy, d, nullptr, &db_only);
+      CHECK(ffn::test::max_abs_diff(db_only, db) == 0.0);
     }
   }
+}
+
+TEST_CASE("a CPU-only build's cuda:: backend throws naming the op") {
+  if (built_with_cuda()) {
+    MESSAGE("built with CUDA: the stub backend (kernels/cuda_stub.cpp) is not linked");
+    return;
+  }
+  Tensor a = Tensor::zeros({2, 2}), c = Tensor::zeros({2, 2});
+  CHECK_THROWS_WITH_AS(cuda::gemm(a, a, c, {}), doctest::Contains("[gemm] built without CUDA"),
+                       Error);
+  CHECK_THROWS_WITH_AS(cuda::bias_act_dropout(a, {}, Activation::silu, {}, c),
+                       doctest::Contains("[bias_act_dropout] built without CUDA"), Error);
+  CHECK(!fused_attention_supported(DType::bf16, 64, 64));
+  CHECK_THROWS_WITH_AS(Tensor::zeros({2}, DType::f32, Device::cuda(0)),
+                       doctest::Contains("[alloc] a CUDA tensor was requested but"), Error);
 }
 
 TEST_CASE("activation values and derivatives") {
@@ -170,14 +189,18 @@ TEST_CASE("activation values and derivatives") {
         doctest::Approx(0.8411919906082768).epsilon(1e-15));
   CHECK(act_math::value(1.0, Activation::silu) ==
         doctest::Approx(0.7310585786300049).epsilon(1e-15));
-  for (Activation a : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu})
+  CHECK(act_math::value(-2.5, Activation::identity) == -2.5);
+  CHECK(act_math::grad(-2.5, Activation::identity) == 1.0);
+  for (Activation a :
+       {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu, Activation::identity})
     for (double x : {-5.0, -1.3, -1e-3, 0.0, 0.7, 2.0, 9.0}) {
       const double h = 1e-6;
       const double num = (act_math::value(x + h, a) - act_math::value(x - h, a)) / (2 * h);
       INFO(activation_name(a), " at ", x);
       CHECK(act_math::grad(x, a) == doctest::Approx(num).epsilon(1e-7));
     }
-  for (Activation a : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu})
+  for (Activation a :
+       {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu, Activation::identity})
     for (double x : {-30.0, -2.5, 0.0, 0.3, 4.0}) {
       double v = 0, g = 0;
       act_math::value_grad(x, a, v, g);
@@ -189,7 +212,7 @@ TEST_CASE("activation values and derivatives") {
                        Error);
 }
 
-TEST_CASE("bias_gelu_dropout and dropout_dgelu_dbias follow their formulas") {
+TEST_CASE("bias_act_dropout and bias_act_dropout_backward follow their formulas") {
   Generator g(5);
   for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh})
     for (const Shape& s : kShapes) {
@@ -197,8 +220,8 @@ TEST_CASE("bias_gelu_dropout and dropout_dgelu_dbias follow their formulas") {
       const DropoutSpec d{0.25f, 11, 2};
       Tensor hd = Tensor::empty(s, DType::f64), dpre = Tensor::empty(s, DType::f64),
              db = Tensor::empty({s[1]}, DType::f64), hd2 = Tensor::empty(s, DType::f64);
-      bias_gelu_dropout(z, b, act, d, hd);
-      dropout_dgelu_dbias(dhd, z, b, act, d, dpre, &db, &hd2);
+      bias_act_dropout(z, b, act, d, hd);
+      bias_act_dropout_backward(dhd, z, b, act, d, dpre, &db, &hd2);
       const auto zv = z.to_vector(), bv = b.to_vector(), gv = dhd.to_vector();
       std::vector<double> he(zv.size()), de(zv.size()), dbe(s[1], 0.0);
       for (int64_t r = 0; r < s[0]; ++r)
@@ -209,14 +232,14 @@ TEST_CASE("bias_gelu_dropout and dropout_dgelu_dbias follow their formulas") {
           de[i] = gv[i] * f * act_math::grad(pre, act);
           dbe[c] += de[i];
         }
-      check_close(hd, Tensor::from_vector(he, s, DType::f64), 1e-14, 1e-12, "bias_gelu_dropout");
+      check_close(hd, Tensor::from_vector(he, s, DType::f64), 1e-14, 1e-12, "bias_act_dropout");
       check_close(hd2, hd, 0, 0, "recomputed hd is bit-identical");
       check_close(dpre, Tensor::from_vector(de, s, DType::f64), 1e-14, 1e-12, "dpre");
       check_close(db, Tensor::from_vector(dbe, {s[1]}, DType::f64), 1e-10, 1e-10, "db");
     }
 }
 
-TEST_CASE("bias_glu_dropout and dropout_dglu_dbias follow their formulas") {
+TEST_CASE("bias_glu_dropout and bias_glu_dropout_backward follow their formulas") {
   Generator g(6);
   for (Activation act : {Activation::gelu_tanh, Activation::silu})
     for (const Shape& s : {Shape{1, 2}, Shape{7, 26}, Shape{129, 514}}) {
@@ -226,7 +249,7 @@ TEST_CASE("bias_glu_dropout and dropout_dglu_dbias follow their formulas") {
       Tensor out = Tensor::empty({s[0], h}, DType::f64), dz = Tensor::empty(s, DType::f64),
              db = Tensor::empty({s[1]}, DType::f64), out2 = Tensor::empty({s[0], h}, DType::f64);
       bias_glu_dropout(z, b, act, d, out);
-      dropout_dglu_dbias(dout, z, b, act, d, dz, &db, &out2);
+      bias_glu_dropout_backward(dout, z, b, act, d, dz, &db, &out2);
       const auto zv = z.to_vector(), bv = b.to_vector(), gv = dout.to_vector();
       std::vector<double> oe(s[0] * h), dze(zv.size()), dbe(s[1], 0.0);
       for (int64_t r = 0; r < s[0]; ++r)
@@ -259,12 +282,12 @@ TEST_CASE("fused elementwise ops reject bad arguments") {
                        Error);
   CHECK_THROWS_WITH_AS(bias_dropout(z, {}, {1.5f, 0, 0}, y), doctest::Contains("got 1.5"), Error);
   Tensor y32 = Tensor::zeros({3, 4}, DType::f32);
-  CHECK_THROWS_WITH_AS(bias_gelu_dropout(z, {}, Activation::gelu_erf, {}, y32),
-                       doctest::Contains("[bias_gelu_dropout] dtype mismatch: hd is f32"), Error);
+  CHECK_THROWS_WITH_AS(bias_act_dropout(z, {}, Activation::gelu_erf, {}, y32),
+                       doctest::Contains("[bias_act_dropout] dtype mismatch: hd is f32"), Error);
   Tensor small = Tensor::zeros({3, 3}, DType::f64);
   CHECK_THROWS_WITH_AS(
-      dropout_dgelu_dbias(small, z, {}, Activation::gelu_erf, {}, y, nullptr, nullptr),
-      doctest::Contains("[dropout_dgelu_dbias] dhd.shape=[3, 3] but expected [3, 4]"), Error);
+      bias_act_dropout_backward(small, z, {}, Activation::gelu_erf, {}, y, nullptr, nullptr),
+      doctest::Contains("[bias_act_dropout_backward] dhd.shape=[3, 3] but expected [3, 4]"), Error);
   CHECK_THROWS_WITH_AS(bias_dropout(Tensor::zeros({12}, DType::f64), {}, {}, y),
                        doctest::Contains("[bias_dropout] z must be 2-D, got shape [12]"), Error);
 }
@@ -285,7 +308,7 @@ TEST_CASE("mse_loss value and gradient") {
 }
 
 // The ops' backward formulas against finite differences, each op as its own node:
-// fn::ffn with only b1 is bias_gelu_dropout (gated: bias_glu_dropout), with only W2/b2
+// fn::ffn with only b1 is bias_act_dropout (gated: bias_glu_dropout), with only W2/b2
 // it is the fc2 half (welder_fc2), fn::dropout is bias_dropout.
 TEST_CASE("fused ops pass finite-difference gradient checks") {
   Generator g(8);

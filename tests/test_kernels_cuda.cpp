@@ -9,10 +9,9 @@
 //    in f32 and rounded once to the 16-bit type; no NaN anywhere.
 #include <cmath>
 
-#include "kernels/bias_dropout.h"
-#include "kernels/bias_gelu_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
-#include "kernels/glu.h"
+#include "kernels/bias_glu_dropout.h"
 #include "kernels/mse_loss.h"
 #include "kernels/sgd.h"
 #include "tests/cuda_probe.h"
@@ -146,7 +145,7 @@ FFN_GPU_TEST("gemm on the GPU matches the CPU for all transposes, f32/bf16/f16")
   CHECK(c.to_vector() == std::vector<double>(12, 2.0));
 }
 
-FFN_GPU_TEST("bias_dropout / dropout_dbias on the GPU match the CPU reference") {
+FFN_GPU_TEST("bias_dropout / bias_dropout_backward on the GPU match the CPU reference") {
   Generator g(52);
   for (DType dt : kDtypes)
     for (auto [m, n] : kShapes) {
@@ -162,19 +161,19 @@ FFN_GPU_TEST("bias_dropout / dropout_dbias on the GPU match the CPU reference") 
         dz = Tensor::empty({m, n}, t, dev);
         db = Tensor::empty({n}, t, dev);
         bias_dropout(z.to(t).to(dev), b.to(t).to(dev), d, y);
-        dropout_dbias(dy.to(t).to(dev), d, &dz, &db);
+        bias_dropout_backward(dy.to(t).to(dev), d, &dz, &db);
       };
       Tensor y64, dz64, db64, y32, dz32, db32, yg, dzg, dbg;
       run(DType::f64, Device::cpu(), y64, dz64, db64);
       run(DType::f32, Device::cpu(), y32, dz32, db32);
       run(dt, kGpu, yg, dzg, dbg);
       check_gpu(yg, y64, y32, dt, 1, 0, "bias_dropout y");
-      check_gpu(dzg, dz64, dz32, dt, 1, 0, "dropout_dbias dz");
-      check_gpu(dbg, db64, db32, dt, static_cast<double>(m), max_abs(dz64), "dropout_dbias db");
+      check_gpu(dzg, dz64, dz32, dt, 1, 0, "bias_dropout_backward dz");
+      check_gpu(dbg, db64, db32, dt, static_cast<double>(m), max_abs(dz64), "bias_dropout_backward db");
     }
 }
 
-FFN_GPU_TEST("bias_gelu_dropout / dropout_dgelu_dbias on the GPU match the CPU reference") {
+FFN_GPU_TEST("bias_act_dropout / bias_act_dropout_backward on the GPU match the CPU reference") {
   Generator g(53);
   for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh})
     for (DType dt : kDtypes)
@@ -192,8 +191,8 @@ FFN_GPU_TEST("bias_gelu_dropout / dropout_dgelu_dbias on the GPU match the CPU r
           o = {Tensor::empty({m, n}, t, dev), Tensor::empty({m, n}, t, dev),
                Tensor::empty({n}, t, dev), Tensor::empty({m, n}, t, dev)};
           const Tensor zt = z.to(t).to(dev), bt = b.to(t).to(dev);
-          bias_gelu_dropout(zt, bt, act, d, o[0]);
-          dropout_dgelu_dbias(dhd.to(t).to(dev), zt, bt, act, d, o[1], &o[2], &o[3]);
+          bias_act_dropout(zt, bt, act, d, o[0]);
+          bias_act_dropout_backward(dhd.to(t).to(dev), zt, bt, act, d, o[1], &o[2], &o[3]);
         };
         std::vector<Tensor> r64, r32, gpu;
         run(DType::f64, Device::cpu(), r64);
@@ -205,14 +204,14 @@ FFN_GPU_TEST("bias_gelu_dropout / dropout_dgelu_dbias on the GPU match the CPU r
         CHECK(max_abs_diff(gpu[3], gpu[0]) == 0.0);  // recomputed hd is bit-identical
         // The unaligned (scalar) path gives bit-identical results, sums included.
         Tensor dpre2 = misaligned(gpu[1]), db2 = misaligned(gpu[2]), hd2 = misaligned(gpu[3]);
-        dropout_dgelu_dbias(misaligned(dhd.to(dt).to(kGpu)), misaligned(z.to(dt).to(kGpu)),
+        bias_act_dropout_backward(misaligned(dhd.to(dt).to(kGpu)), misaligned(z.to(dt).to(kGpu)),
                             b.to(dt).to(kGpu), act, d, dpre2, &db2, &hd2);
         CHECK(max_abs_diff(dpre2.contiguous(), gpu[1]) == 0.0);
         CHECK(max_abs_diff(db2.contiguous(), gpu[2]) == 0.0);
       }
 }
 
-FFN_GPU_TEST("bias_glu_dropout / dropout_dglu_dbias on the GPU match the CPU reference") {
+FFN_GPU_TEST("bias_glu_dropout / bias_glu_dropout_backward on the GPU match the CPU reference") {
   Generator g(54);
   for (Activation act : {Activation::gelu_tanh, Activation::silu})
     for (DType dt : kDtypes)
@@ -231,7 +230,7 @@ FFN_GPU_TEST("bias_glu_dropout / dropout_dglu_dbias on the GPU match the CPU ref
                Tensor::empty({2 * h}, t, dev), Tensor::empty({m, h}, t, dev)};
           const Tensor zt = z.to(t).to(dev), bt = b.to(t).to(dev);
           bias_glu_dropout(zt, bt, act, d, o[0]);
-          dropout_dglu_dbias(dout.to(t).to(dev), zt, bt, act, d, o[1], &o[2], &o[3]);
+          bias_glu_dropout_backward(dout.to(t).to(dev), zt, bt, act, d, o[1], &o[2], &o[3]);
         };
         std::vector<Tensor> r64, r32, gpu;
         run(DType::f64, Device::cpu(), r64);
@@ -281,7 +280,7 @@ FFN_GPU_TEST("elementwise kernels index past 2^31 elements") {
          db = Tensor::empty({n}, DType::bf16, kGpu);
   {
     Tensor hd = Tensor::empty({m, n}, DType::bf16, kGpu);
-    bias_gelu_dropout(z, b, Activation::gelu_erf, d, hd);
+    bias_act_dropout(z, b, Activation::gelu_erf, d, hd);
     const auto last = hd.slice_rows(m - 2, m).to_vector();  // rows past the 2^31 boundary
     const auto bv = b64.to_vector();
     int bad = 0;
@@ -296,7 +295,7 @@ FFN_GPU_TEST("elementwise kernels index past 2^31 elements") {
   }
   {
     Tensor dhd = Tensor::full({m, n}, 1.0, DType::bf16, kGpu);
-    dropout_dgelu_dbias(dhd, z, b, Activation::gelu_erf, d, dpre, &db, nullptr);
+    bias_act_dropout_backward(dhd, z, b, Activation::gelu_erf, d, dpre, &db, nullptr);
   }
   const auto dbv = db.to_vector();
   const auto bv = b64.to_vector();

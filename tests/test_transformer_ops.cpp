@@ -6,13 +6,13 @@
 
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
-#include "kernels/bias_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
-#include "kernels/layernorm.h"
-#include "kernels/softmax.h"
+#include "kernels/layer_norm.h"
+#include "kernels/causal_softmax.h"
 #include "layers/functional.h"
 #include "tests/test_util.h"
 
@@ -144,7 +144,7 @@ TEST_CASE("dropout_add equals res + bias_dropout(y), passes FD checks, rejects b
       const Tensor dout = rand64(s, g).to(dt);
       Tensor dy = Tensor::empty(s, dt), dz = Tensor::empty(s, dt);
       dropout_add_backward(dout, d, dy);
-      dropout_dbias(dout, d, &dz, nullptr);
+      bias_dropout_backward(dout, d, &dz, nullptr);
       CHECK(max_abs_diff(dy.to(DType::f64), dz.to(DType::f64)) == 0.0);
     }
   for (float p : {0.0f, 0.4f})

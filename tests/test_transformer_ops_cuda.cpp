@@ -8,13 +8,13 @@
 
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
-#include "kernels/bias_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
-#include "kernels/layernorm.h"
-#include "kernels/softmax.h"
+#include "kernels/layer_norm.h"
+#include "kernels/causal_softmax.h"
 #include "layers/functional.h"
 #include "tests/test_util.h"
 

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/cuda/allocator.h"
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/storage.h"

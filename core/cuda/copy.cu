@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "core/cuda/check.h"
+#include "core/cuda/copy.h"
 #include "core/cuda/context.h"
 #include "core/cuda/types.cuh"
 #include "core/philox.h"

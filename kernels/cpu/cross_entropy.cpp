@@ -1,4 +1,5 @@
-// kernels/cpu/cross_entropy.cpp — front door and CPU reference of the fused cross-entropy.
+// kernels/cpu/cross_entropy.cpp — the CPU reference of kernels/cross_entropy.h (plain loops or
+// Eigen, sums in f64): what the CPU runs, and the yardstick the CUDA kernels are tested against.
 #include "kernels/cross_entropy.h"
 
 #include <cmath>
@@ -8,58 +9,6 @@
 #include "kernels/checks.h"
 
 namespace ffn {
-
-namespace {
-void check_acc(const Tensor& t, const Tensor& logits, const Shape& shape, const char* op,
-               const char* name) {
-  check_defined(t, op, name);
-  check_shape(t, shape, op, name);
-  check_same_device(t, logits, op, name, "logits");
-  FFN_CHECK(t.dtype() == acc_dtype(logits.dtype()), "[", op, "] ", name, " must be ",
-            dtype_name(acc_dtype(logits.dtype())), ", got ", dtype_name(t.dtype()));
-  FFN_CHECK(t.is_contiguous(), "[", op, "] ", name, " must be contiguous");
-}
-void check_common(const Tensor& logits, const Tensor& targets, const char* op, bool check_range) {
-  detail::check_matrix(logits, op, "logits");
-  FFN_CHECK(is_float(logits.dtype()), "[", op, "] logits must be a float tensor");
-  FFN_CHECK(logits.size(1) > 0, "[", op, "] logits have 0 classes");
-  check_defined(targets, op, "targets");
-  check_shape(targets, {logits.size(0)}, op, "targets");
-  check_same_device(targets, logits, op, "targets", "logits");
-  detail::check_indices(targets, logits.size(1), op, "targets", check_range);
-}
-}  // namespace
-
-void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
-                   bool check_targets) {
-  check_common(logits, targets, "cross_entropy", check_targets);
-  FFN_CHECK(logits.size(0) > 0, "[cross_entropy] the mean over 0 rows is undefined");
-  check_acc(loss, logits, {}, "cross_entropy", "loss");
-  check_acc(lse, logits, {logits.size(0)}, "cross_entropy", "lse");
-  const Tensor lc = logits.contiguous();
-  if (lc.is_cuda()) {
-#if FFN_WITH_CUDA
-    return cuda::cross_entropy(lc, targets, loss, lse);
-#endif
-  }
-  cpu::cross_entropy(lc, targets, loss, lse);
-}
-
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& d_loss, Tensor& d_logits) {
-  const char* op = "cross_entropy_backward";
-  check_common(logits, targets, op, /*check_range=*/false);  // the forward checked the values
-  check_acc(lse, logits, {logits.size(0)}, op, "lse");
-  check_acc(d_loss, logits, {}, op, "d_loss");
-  detail::check_like(d_logits, logits, logits.shape(), op, "d_logits");
-  const Tensor lc = logits.contiguous();
-  if (lc.is_cuda()) {
-#if FFN_WITH_CUDA
-    return cuda::cross_entropy_backward(lc, targets, lse, d_loss, d_logits);
-#endif
-  }
-  cpu::cross_entropy_backward(lc, targets, lse, d_loss, d_logits);
-}
 
 namespace cpu {
 

@@ -26,7 +26,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
-#include "kernels/bias_dropout.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
 
 namespace ffn::cuda {
@@ -253,7 +253,7 @@ void gemm_impl(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args
   FFN_CHECK(!uses_aux || is_half(c.dtype()), "[gemm] cuBLASLt's GELU epilogues evaluate tanh ",
             "approximately (absolute error up to 4e-6, relative up to 6e-3 in the negative tail, ",
             "measured on an H100), so they are offered for bf16/f16 only; got ",
-            dtype_name(c.dtype()), " (use bias_gelu_dropout)");
+            dtype_name(c.dtype()), " (use bias_act_dropout)");
   FFN_CHECK(!uses_aux || n % 8 == 0, "[gemm] cuBLASLt's GELU epilogues need n % 8 == 0, got n=", n);
   const Tensor& vec =
       args.epilogue == GemmEpilogue::none || args.epilogue == GemmEpilogue::gelu_aux_bias

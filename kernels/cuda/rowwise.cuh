@@ -1,5 +1,5 @@
 // kernels/cuda/rowwise.cuh — the launch framework shared by the fused elementwise
-// kernels (bias_dropout, bias_gelu_dropout, glu): a 2-D tiling of an [M, N]
+// kernels (bias_dropout, bias_act_dropout, glu): a 2-D tiling of an [M, N]
 // problem with in-kernel dropout masks and deterministic column sums (db).
 //
 // Note [Deterministic column sums]

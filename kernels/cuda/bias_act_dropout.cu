@@ -1,8 +1,9 @@
-// kernels/cuda/bias_gelu_dropout.cu — the fused FFN middle on the GPU
-// (kernels/bias_gelu_dropout.h): forward reads z once and writes hd; backward reads
-// dhd and z once, writes dpre (and hd, recomputed for dW2) and reduces db in the
-// same pass (Note [Deterministic column sums]). Masks come from Philox in-kernel.
-#include "kernels/bias_gelu_dropout.h"
+// kernels/cuda/bias_act_dropout.cu — bias + activation + dropout on the GPU
+// (kernels/bias_act_dropout.h): forward reads z once and writes hd; backward reads
+// dhd and z once (dhd alone for bias + dropout), writes dpre (and hd, recomputed for dW2)
+// and reduces db in the same pass (Note [Deterministic column sums]). Masks come from
+// Philox in-kernel.
+#include "kernels/bias_act_dropout.h"
 #include "kernels/cuda/rowwise.cuh"
 
 namespace ffn::cuda {
@@ -45,10 +46,10 @@ struct DgeluDbias {
   static constexpr int kSums = 1;
   static constexpr int kUnroll = 2;
   const T* dhd;
-  const T* z;
+  const T* z;  // null for act = identity without a bias (bias + dropout's backward)
   const T* b;
-  T* dpre;
-  T* hd;  // optional recomputed forward
+  T* dpre;  // optional
+  T* hd;    // optional recomputed forward
   int64_t n;
   Activation act;
   DeviceMask mask;
@@ -58,7 +59,14 @@ struct DgeluDbias {
                                         A (&acc)[1][VEC]) const {
     A g[U][VEC], v[U][VEC], bb[VEC], f[VEC], h[VEC];
     load_rows<VEC>(dhd, n, c0, rows, ok, g);
-    load_rows<VEC>(z, n, c0, rows, ok, v);
+    if (z) {
+      load_rows<VEC>(z, n, c0, rows, ok, v);
+    } else {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[u][j] = A(0);
+    }
     load_bias<VEC>(b, c0, bb);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -73,7 +81,7 @@ struct DgeluDbias {
         acc[0][j] += g[u][j];
         h[j] = val * f[j];
       }
-      store_vec<VEC>(dpre + i0, g[u]);
+      if (dpre) store_vec<VEC>(dpre + i0, g[u]);
       if (hd) store_vec<VEC>(hd + i0, h);
     }
   }
@@ -81,12 +89,12 @@ struct DgeluDbias {
 
 }  // namespace
 
-void bias_gelu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
-                       Tensor& hd) {
+void bias_act_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
+                      Tensor& hd) {
   const int dev = z.device().index;
   DeviceGuard guard(dev);
   const int64_t m = z.size(0), n = z.size(1);
-  FFN_DISPATCH_ALL(z.dtype(), "bias_gelu_dropout", [&]<class H>() {
+  FFN_DISPATCH_ALL(z.dtype(), "bias_act_dropout", [&]<class H>() {
     using T = device_t<H>;
     const GeluFwd<T> op{dptr<T>(z), dptr<T>(b), dptr<T>(hd), n, act, DeviceMask::from(d)};
     const bool aligned = can_vectorize(16 / sizeof(T), n, {op.z, op.b, op.hd});
@@ -94,12 +102,13 @@ void bias_gelu_dropout(const Tensor& z, const Tensor& b, Activation act, const D
   });
 }
 
-void dropout_dgelu_dbias(const Tensor& dhd, const Tensor& z, const Tensor& b, Activation act,
-                         const DropoutSpec& d, Tensor& dpre, Tensor* db, Tensor* hd) {
-  const int dev = z.device().index;
+void bias_act_dropout_backward(const Tensor& dhd, const Tensor& z, const Tensor& b,
+                               Activation act, const DropoutSpec& d, Tensor* dpre, Tensor* db,
+                               Tensor* hd) {
+  const int dev = dhd.device().index;
   DeviceGuard guard(dev);
-  const int64_t m = z.size(0), n = z.size(1);
-  FFN_DISPATCH_ALL(z.dtype(), "dropout_dgelu_dbias", [&]<class H>() {
+  const int64_t m = dhd.size(0), n = dhd.size(1);
+  FFN_DISPATCH_ALL(dhd.dtype(), "bias_act_dropout_backward", [&]<class H>() {
     using T = device_t<H>;
     const DgeluDbias<T> op{dptr<T>(dhd), dptr<T>(z), dptr<T>(b), dptr<T>(dpre),
                            dptr<T>(hd),  n,          act,        DeviceMask::from(d)};

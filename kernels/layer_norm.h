@@ -1,4 +1,4 @@
-// kernels/layernorm.h — layer normalization over the last dimension, fp32 statistics.
+// kernels/layer_norm.h — layer normalization over the last dimension, fp32 statistics.
 //
 //   layer_norm:  mean_i = Σ_j x_ij / C,  rstd_i = 1/√(Σ_j (x_ij - mean_i)²/C + eps)
 //                y_ij = (x_ij - mean_i)·rstd_i·w_j + b_j                             (=)

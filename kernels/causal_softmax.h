@@ -1,4 +1,4 @@
-// kernels/softmax.h — causal softmax with in-kernel attention dropout, for attention scores.
+// kernels/causal_softmax.h — causal softmax with in-kernel attention dropout, for attention scores.
 //
 //   causal_softmax:  for row i of each [T, T] matrix (T = s.size(1) = s.size(2)):
 //                    p_ij = exp(scale·s_ij - m_i) / Σ_{k≤i} exp(scale·s_ik - m_i)  for j ≤ i,

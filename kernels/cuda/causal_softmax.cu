@@ -1,9 +1,9 @@
-// kernels/cuda/softmax.cu — causal softmax + attention dropout, forward and backward
-// (kernels/softmax.h). One warp per row; each lane owns VEC consecutive columns at a
+// kernels/cuda/causal_softmax.cu — causal softmax + attention dropout, forward and backward
+// (kernels/causal_softmax.h). One warp per row; each lane owns VEC consecutive columns at a
 // time (VEC = 8 when rows are 16-byte aligned, so one Philox call serves a lane's VEC
 // draws). Entries above the diagonal are written as 0 without reading the scores.
 #include "kernels/cuda/rowwise.cuh"
-#include "kernels/softmax.h"
+#include "kernels/causal_softmax.h"
 
 namespace ffn::cuda {
 

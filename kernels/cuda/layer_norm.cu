@@ -1,4 +1,4 @@
-// kernels/cuda/layernorm.cu — fused LayerNorm forward/backward (kernels/layernorm.h).
+// kernels/cuda/layer_norm.cu — fused LayerNorm forward/backward (kernels/layer_norm.h).
 //
 // Forward and dx: one warp per row, fp32 statistics (shuffle reductions in a fixed
 // order, so results are deterministic). Backward, the common shapes (16-bit w, C % 8 == 0,
@@ -9,7 +9,7 @@
 // function of M and C only). Other shapes: dx per row, then the rowwise framework's column
 // sums over dy ⊙ x̂ and dy.
 #include "kernels/cuda/rowwise.cuh"
-#include "kernels/layernorm.h"
+#include "kernels/layer_norm.h"
 
 namespace ffn::cuda {
 

@@ -1,5 +1,6 @@
-// kernels/cpu/glu.cpp — front door and CPU reference of the gated FFN middle (GEGLU/SwiGLU).
-#include "kernels/glu.h"
+// kernels/cpu/bias_glu_dropout.cpp — the CPU reference of kernels/bias_glu_dropout.h (plain loops or Eigen,
+// sums in f64): what the CPU runs, and the yardstick the CUDA kernels are tested against.
+#include "kernels/bias_glu_dropout.h"
 
 #include <vector>
 
@@ -8,51 +9,6 @@
 #include "kernels/cpu/mask.h"
 
 namespace ffn {
-
-namespace {
-int64_t half_width(const Tensor& z, const char* op) {
-  FFN_CHECK(z.size(1) % 2 == 0, "[", op, "] z.shape[-1]=", z.size(1),
-            " must be even ([value | gate] halves)");
-  return z.size(1) / 2;
-}
-}  // namespace
-
-void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
-                      Tensor& out) {
-  const char* op = "bias_glu_dropout";
-  detail::check_matrix(z, op, "z");
-  detail::check_dropout(d, op);
-  const int64_t h = half_width(z, op);
-  if (b.defined()) detail::check_like(b, z, {2 * h}, op, "b");
-  detail::check_like(out, z, {z.size(0), h}, op, "out");
-  const Tensor zc = z.contiguous(), bc = b.defined() ? b.contiguous() : b;
-  if (z.is_cuda()) {
-#if FFN_WITH_CUDA
-    return cuda::bias_glu_dropout(zc, bc, act, d, out);
-#endif
-  }
-  cpu::bias_glu_dropout(zc, bc, act, d, out);
-}
-
-void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
-                        const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out) {
-  const char* op = "dropout_dglu_dbias";
-  detail::check_matrix(z, op, "z");
-  detail::check_dropout(d, op);
-  const int64_t h = half_width(z, op);
-  detail::check_like(dout, z, {z.size(0), h}, op, "dout");
-  if (b.defined()) detail::check_like(b, z, {2 * h}, op, "b");
-  detail::check_like(dz, z, z.shape(), op, "dz");
-  if (db) detail::check_like(*db, z, {2 * h}, op, "db");
-  if (out) detail::check_like(*out, z, {z.size(0), h}, op, "out");
-  const Tensor zc = z.contiguous(), gc = dout.contiguous(), bc = b.defined() ? b.contiguous() : b;
-  if (z.is_cuda()) {
-#if FFN_WITH_CUDA
-    return cuda::dropout_dglu_dbias(gc, zc, bc, act, d, dz, db, out);
-#endif
-  }
-  cpu::dropout_dglu_dbias(gc, zc, bc, act, d, dz, db, out);
-}
 
 namespace cpu {
 
@@ -74,9 +30,9 @@ void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const Dr
   });
 }
 
-void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
                         const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out) {
-  FFN_DISPATCH_FLOAT(z.dtype(), "dropout_dglu_dbias", [&]<class T>() {
+  FFN_DISPATCH_FLOAT(z.dtype(), "bias_glu_dropout_backward", [&]<class T>() {
     const int64_t m = z.size(0), h = z.size(1) / 2;
     const T* gp = dout.data<T>();
     const T* zp = z.data<T>();

@@ -1,4 +1,4 @@
-// kernels/glu.h — the fused middle of gated FFNs (GEGLU, SwiGLU), forward and backward.
+// kernels/bias_glu_dropout.h — the fused middle of gated FFNs (GEGLU, SwiGLU), forward and backward.
 //
 // z = x·Wᵀ is [M, 2h] (fc1's GEMM output without bias), b is [2h] (optional).
 // With [v | g] = z + b split down the middle (value first, gate second):
@@ -19,19 +19,19 @@ namespace ffn {
 
 void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
                       Tensor& out);
-void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
                         const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out);
 
 namespace cpu {
 void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
                       Tensor& out);
-void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
                         const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out);
 }  // namespace cpu
 namespace cuda {
 void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
                       Tensor& out);
-void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
                         const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out);
 }  // namespace cuda
 

@@ -1,8 +1,8 @@
-// kernels/cuda/glu.cu — the fused gated-FFN middle on the GPU (kernels/glu.h).
+// kernels/cuda/bias_glu_dropout.cu — the fused gated-FFN middle on the GPU (kernels/bias_glu_dropout.h).
 // Forward reads the [M, 2h] GEMM output once and writes [M, h]; backward writes the
 // concatenated dz [M, 2h] and reduces both halves of db in the same pass.
 #include "kernels/cuda/rowwise.cuh"
-#include "kernels/glu.h"
+#include "kernels/bias_glu_dropout.h"
 
 namespace ffn::cuda {
 
@@ -104,12 +104,12 @@ void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const Dr
   });
 }
 
-void dropout_dglu_dbias(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
+void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor& b, Activation act,
                         const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out) {
   const int dev = z.device().index;
   DeviceGuard guard(dev);
   const int64_t m = z.size(0), h = z.size(1) / 2;
-  FFN_DISPATCH_ALL(z.dtype(), "dropout_dglu_dbias", [&]<class H>() {
+  FFN_DISPATCH_ALL(z.dtype(), "bias_glu_dropout_backward", [&]<class H>() {
     using T = device_t<H>;
     const DgluDbias<T> op{dptr<T>(dout), dptr<T>(z), dptr<T>(b), dptr<T>(dz),
                           dptr<T>(out),  h,          act,        DeviceMask::from(d)};

@@ -1,5 +1,6 @@
-// kernels/cpu/softmax.cpp — front door and CPU reference of the causal softmax.
-#include "kernels/softmax.h"
+// kernels/cpu/causal_softmax.cpp — the CPU reference of kernels/causal_softmax.h (plain loops or Eigen,
+// sums in f64): what the CPU runs, and the yardstick the CUDA kernels are tested against.
+#include "kernels/causal_softmax.h"
 
 #include <cmath>
 #include <limits>
@@ -9,49 +10,6 @@
 #include "kernels/cpu/mask.h"
 
 namespace ffn {
-
-namespace {
-void check_scores(const Tensor& s, const char* op, const char* name) {
-  check_defined(s, op, name);
-  check_dim(s, 3, op, name);
-  FFN_CHECK(s.size(1) == s.size(2), "[", op, "] ", name, " must be [B, T, T], got ",
-            shape_str(s.shape()));
-  FFN_CHECK(is_float(s.dtype()), "[", op, "] ", name, " must be a float tensor");
-}
-}  // namespace
-
-void causal_softmax(const Tensor& s, double scale, const DropoutSpec& d, Tensor& p, Tensor* pd) {
-  check_scores(s, "causal_softmax", "s");
-  detail::check_dropout(d, "causal_softmax");
-  FFN_CHECK(std::isfinite(scale), "[causal_softmax] scale must be finite, got ", scale);
-  detail::check_like(p, s, s.shape(), "causal_softmax", "p");
-  if (pd) detail::check_like(*pd, s, s.shape(), "causal_softmax", "pd");
-  const Tensor sc = s.contiguous();
-  if (s.is_cuda()) {
-#if FFN_WITH_CUDA
-    return cuda::causal_softmax(sc, scale, d, p, pd);
-#endif
-  }
-  cpu::causal_softmax(sc, scale, d, p, pd);
-}
-
-void causal_softmax_backward(const Tensor& p, const Tensor& dpd, double scale,
-                             const DropoutSpec& d, Tensor& ds) {
-  check_scores(p, "causal_softmax_backward", "p");
-  detail::check_dropout(d, "causal_softmax_backward");
-  check_defined(dpd, "causal_softmax_backward", "dpd");
-  check_shape(dpd, p.shape(), "causal_softmax_backward", "dpd");
-  check_same_dtype(dpd, p, "causal_softmax_backward", "dpd", "p");
-  check_same_device(dpd, p, "causal_softmax_backward", "dpd", "p");
-  detail::check_like(ds, p, p.shape(), "causal_softmax_backward", "ds");
-  const Tensor pc = p.contiguous(), gc = dpd.contiguous();
-  if (p.is_cuda()) {
-#if FFN_WITH_CUDA
-    return cuda::causal_softmax_backward(pc, gc, scale, d, ds);
-#endif
-  }
-  cpu::causal_softmax_backward(pc, gc, scale, d, ds);
-}
 
 namespace cpu {
 

@@ -3,9 +3,7 @@
 
 #include "kernels/checks.h"
 
-#if FFN_WITH_CUDA
 #include "kernels/embedding.h"
-#endif
 
 namespace ffn::detail {
 
@@ -37,9 +35,7 @@ void check_indices(const Tensor& ids, int64_t limit, const char* op, const char*
   if (!check_range) return;
   int64_t bad = -1;
   if (ids.is_cuda()) {
-#if FFN_WITH_CUDA
     bad = cuda::first_bad_index(ids, limit);
-#endif
   } else {
     const int32_t* p = ids.data<int32_t>();
     for (int64_t i = 0; i < ids.numel() && bad < 0; ++i)

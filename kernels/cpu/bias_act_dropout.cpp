@@ -1,0 +1,63 @@
+// kernels/cpu/bias_act_dropout.cpp — the CPU reference of kernels/bias_act_dropout.h (plain
+// loops or Eigen, sums in f64): what the CPU runs, and the yardstick the CUDA kernels are tested
+// against.
+#include "kernels/bias_act_dropout.h"
+
+#include <vector>
+
+#include "core/dispatch.h"
+#include "kernels/checks.h"
+#include "kernels/cpu/mask.h"
+
+namespace ffn {
+
+namespace cpu {
+
+void bias_act_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
+                       Tensor& hd) {
+  FFN_DISPATCH_FLOAT(z.dtype(), "bias_act_dropout", [&]<class T>() {
+    const int64_t m = z.size(0), n = z.size(1);
+    const T* zp = z.data<T>();
+    const T* bp = b.defined() ? b.data<T>() : nullptr;
+    T* out = hd.data<T>();
+    MaskCursor mask(d);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t i = r * n + c;
+        const T pre = zp[i] + (bp ? bp[c] : T(0));
+        out[i] = act_math::value(pre, act) * static_cast<T>(mask.factor(static_cast<uint64_t>(i)));
+      }
+  });
+}
+
+void bias_act_dropout_backward(const Tensor& dhd, const Tensor& z, const Tensor& b,
+                               Activation act, const DropoutSpec& d, Tensor* dpre, Tensor* db,
+                               Tensor* hd) {
+  FFN_DISPATCH_FLOAT(dhd.dtype(), "bias_act_dropout_backward", [&]<class T>() {
+    const int64_t m = dhd.size(0), n = dhd.size(1);
+    const T* g = dhd.data<T>();
+    const T* zp = z.defined() ? z.data<T>() : nullptr;  // undefined only for identity
+    const T* bp = b.defined() ? b.data<T>() : nullptr;
+    T* dp = dpre ? dpre->data<T>() : nullptr;
+    T* hp = hd ? hd->data<T>() : nullptr;
+    std::vector<double> acc(db ? n : 0, 0.0);
+    MaskCursor mask(d);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t i = r * n + c;
+        const T pre = (zp ? zp[i] : T(0)) + (bp ? bp[c] : T(0));
+        const T f = static_cast<T>(mask.factor(static_cast<uint64_t>(i)));
+        T val, dact;
+        act_math::value_grad(pre, act, val, dact);
+        const T v = g[i] * f * dact;
+        if (dp) dp[i] = v;
+        if (hp) hp[i] = val * f;
+        if (db) acc[c] += static_cast<double>(v);
+      }
+    if (db)
+      for (int64_t c = 0; c < n; ++c) db->data<T>()[c] = static_cast<T>(acc[c]);
+  });
+}
+
+}  // namespace cpu
+}  // namespace ffn

@@ -1,0 +1,127 @@
+// kernels/cuda_stub.cpp — the cuda:: backend of a build without CUDA (MLX's no-GPU pattern).
+//
+// The front doors (kernels/<op>.cpp) dispatch on the tensor's device with no #if: a CPU-only
+// build links these definitions instead of kernels/cuda/*.cu. A CUDA tensor cannot exist in
+// such a build, so reaching one of these is a bug or a hand-made device tag; each says which
+// op it was. The capability queries answer "no".
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/bias_act_dropout.h"
+#include "kernels/bias_glu_dropout.h"
+#include "kernels/causal_softmax.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/dropout_add.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/layer_norm.h"
+#include "kernels/mse_loss.h"
+#include "kernels/sgd.h"
+
+namespace ffn::cuda {
+
+namespace {
+[[noreturn]] void no_cuda(const char* op) {
+  FFN_THROW("[", op, "] built without CUDA: fused-ffn was configured without nvcc, so CUDA "
+            "tensors and kernels are not available (rebuild with the CUDA Toolkit)");
+}
+}  // namespace
+
+void adamw_step(const std::vector<AdamWSlot>&, const AdamWHyper&, int64_t, double,
+                const double*) {
+  no_cuda("adamw");
+}
+Tensor global_grad_sumsq(const std::vector<Tensor>&) {
+  no_cuda("global_grad_sumsq");
+}
+void adamw_decide(const Tensor&, const Tensor&, const AdamWDecide&, Tensor&) {
+  no_cuda("adamw_decide");
+}
+
+bool fused_attention_supported(DType, int64_t, int64_t) {
+  return false;
+}
+bool fused_attention_preferred(DType, int64_t, int64_t) {
+  return false;
+}
+void fused_attention(const Tensor&, int64_t, double, const DropoutSpec&, Tensor&, Tensor&) {
+  no_cuda("fused_attention");
+}
+void fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                              double, const DropoutSpec&, Tensor&) {
+  no_cuda("fused_attention_backward");
+}
+
+void bias_act_dropout(const Tensor&, const Tensor&, Activation, const DropoutSpec&, Tensor&) {
+  no_cuda("bias_act_dropout");
+}
+void bias_act_dropout_backward(const Tensor&, const Tensor&, const Tensor&, Activation,
+                               const DropoutSpec&, Tensor*, Tensor*, Tensor*) {
+  no_cuda("bias_act_dropout_backward");
+}
+
+void bias_glu_dropout(const Tensor&, const Tensor&, Activation, const DropoutSpec&, Tensor&) {
+  no_cuda("bias_glu_dropout");
+}
+void bias_glu_dropout_backward(const Tensor&, const Tensor&, const Tensor&, Activation,
+                               const DropoutSpec&, Tensor&, Tensor*, Tensor*) {
+  no_cuda("bias_glu_dropout_backward");
+}
+
+void causal_softmax(const Tensor&, double, const DropoutSpec&, Tensor&, Tensor*) {
+  no_cuda("causal_softmax");
+}
+void causal_softmax_backward(const Tensor&, const Tensor&, double, const DropoutSpec&, Tensor&) {
+  no_cuda("causal_softmax_backward");
+}
+
+void cross_entropy(const Tensor&, const Tensor&, Tensor&, Tensor&) {
+  no_cuda("cross_entropy");
+}
+void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("cross_entropy_backward");
+}
+
+void dropout_add(const Tensor&, const Tensor&, const DropoutSpec&, Tensor&) {
+  no_cuda("dropout_add");
+}
+void dropout_add_backward(const Tensor&, const DropoutSpec&, Tensor&) {
+  no_cuda("dropout_add_backward");
+}
+
+void embedding(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("embedding");
+}
+void embedding_backward(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("embedding_backward");
+}
+int64_t first_bad_index(const Tensor&, int64_t) {
+  no_cuda("check_indices");
+}
+
+void gemm(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
+  no_cuda("gemm");
+}
+void gemm_batched(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
+  no_cuda("bmm");
+}
+
+void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
+  no_cuda("layer_norm");
+}
+void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                         Tensor*, Tensor*, Tensor*, bool) {
+  no_cuda("layer_norm_backward");
+}
+
+void mse_loss(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("mse_loss");
+}
+void mse_loss_backward(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("mse_loss_backward");
+}
+
+void sgd_step(Tensor&, const Tensor&, Tensor*, const SgdHyper&, bool) {
+  no_cuda("sgd");
+}
+
+}  // namespace ffn::cuda
