@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"  // FFN_HD
+#include "core/error.h"
 
 namespace ffn {
 
@@ -112,6 +113,20 @@ FFN_HD uint32_t mask_draw(const U32x4& r, uint64_t i) {
 }
 
 // One dropout call; see Note [Dropout RNG].
+// Note [Dropout probability]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// p is the probability of dropping an element and lies in [0, 1]: p = 0 keeps everything
+// (no mask is drawn), p = 1 drops everything (scale() is 0, so outputs and gradients are 0).
+// That one range is checked where a value enters: at config load (model.dropout, with the
+// config's message), in the layer constructors and at the kernel front doors
+// (check_dropout_p, with the op's name).
+constexpr bool dropout_p_valid(double p) {
+  return p >= 0.0 && p <= 1.0;  // false for NaN
+}
+inline void check_dropout_p(double p, const char* who) {
+  FFN_CHECK(dropout_p_valid(p), "[", who, "] dropout p must be in [0, 1], got ", p);
+}
+
 struct DropoutSpec {
   float p = 0.0f;
   uint64_t seed = 0;

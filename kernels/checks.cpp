@@ -8,8 +8,7 @@
 namespace ffn::detail {
 
 void check_dropout(const DropoutSpec& d, const char* op) {
-  FFN_CHECK(std::isfinite(d.p) && d.p >= 0.0f && d.p <= 1.0f, "[", op,
-            "] dropout p must be in [0, 1], got ", d.p);
+  check_dropout_p(d.p, op);  // Note [Dropout probability]
 }
 
 void check_matrix(const Tensor& t, const char* op, const char* name) {

@@ -92,8 +92,9 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
 
 FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved,
                       const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d, bool need_dx) {
+  // x, p, cfg and d are the forward's, validated there (ffn_check once per step); dy and
+  // the saved z are what enters here.
   const Tensor& z_saved = saved.z;
-  ffn_check(x, p, cfg, d);
   const int64_t m = x.size(0), h1 = z_width(x, p), h = hidden_width(x, p, cfg);
   const Shape y_shape{m, p.w2.defined() ? p.w2.size(0) : h};
   check_shape(dy, y_shape, "ffn_backward", "dy");

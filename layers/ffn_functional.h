@@ -58,7 +58,8 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
                        const FfnDropout& d);
 
 // `saved` is ffn_forward's result (its z may be undefined with recompute); its y is not
-// used. need_dx = false skips dx.
+// used. x, p, cfg and d must be the ones ffn_forward was given and checked (they are not
+// checked again); dy and the saved z are. need_dx = false skips dx.
 FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved,
                       const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d,
                       bool need_dx = true);

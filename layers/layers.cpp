@@ -50,7 +50,7 @@ Var Linear::forward_impl(const Var& x) {
 }
 
 Dropout::Dropout(float p, std::shared_ptr<Generator> rng) : p_(p), rng_(std::move(rng)) {
-  FFN_CHECK(std::isfinite(p) && p >= 0.0f && p <= 1.0f, "[dropout] p must be in [0, 1], got ", p);
+  check_dropout_p(p, "dropout");
   FFN_CHECK(rng_ || p == 0.0f, "[dropout] p=", p, " needs a Generator");
 }
 
@@ -69,9 +69,7 @@ FeedForward::FeedForward(const FeedForwardOptions& opt, std::shared_ptr<Generato
   const char* layer = opt.gated ? "gated_feed_forward" : "feed_forward";
   FFN_CHECK(opt.d_model > 0 && opt.hidden > 0, "[", layer, "] d_model=", opt.d_model,
             " and hidden=", opt.hidden, " must be > 0");
-  for (float p : {opt.dropout, opt.out_dropout})
-    FFN_CHECK(std::isfinite(p) && p >= 0.0f && p <= 1.0f, "[", layer,
-              "] dropout must be in [0, 1], got ", p);
+  for (float p : {opt.dropout, opt.out_dropout}) check_dropout_p(p, layer);
   FFN_CHECK(rng_, "[", layer, "] needs a Generator");
   const int64_t h1 = opt.gated ? 2 * opt.hidden : opt.hidden;
   Generator& g = init ? *init : *rng_;

@@ -52,9 +52,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionOptions& opt,
       c_proj_(linear_opts(opt.d_model, opt.d_model, opt.bias, opt.proj_init_std, opt.place), init) {
   FFN_CHECK(opt.heads > 0 && opt.d_model % opt.heads == 0, "[attention] d_model=", opt.d_model,
             " is not divisible by heads=", opt.heads);
-  for (float p : {opt.attn_dropout, opt.resid_dropout})
-    FFN_CHECK(std::isfinite(p) && p >= 0.0f && p < 1.0f, "[attention] dropout must be in [0, 1), ",
-              "got ", p);
+  for (float p : {opt.attn_dropout, opt.resid_dropout}) check_dropout_p(p, "attention");
   register_module("c_attn", c_attn_);
   register_module("c_proj", c_proj_);
 }

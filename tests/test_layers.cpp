@@ -63,7 +63,7 @@ TEST_CASE("Dropout layer: gradients, eval mode, fresh masks, bad p") {
   drop.eval();
   CHECK(drop.forward(x).value().to_vector() == x.value().to_vector());
   CHECK_THROWS_WITH_AS(Dropout(-0.1f, rng),
-                       doctest::Contains("[dropout] p must be in [0, 1], got -0.1"), Error);
+                       doctest::Contains("[dropout] dropout p must be in [0, 1], got -0.1"), Error);
   CHECK_THROWS_WITH_AS(Dropout(1.5f, rng), doctest::Contains("got 1.5"), Error);
 }
 
@@ -183,7 +183,7 @@ TEST_CASE("layers reject mismatched inputs with the layer name and both shapes")
                        doctest::Contains("[feed_forward] d_model=0 and hidden=3 must be > 0"),
                        Error);
   CHECK_THROWS_WITH_AS(FeedForward({.d_model = 4, .hidden = 3, .dropout = -0.5f}, rng),
-                       doctest::Contains("dropout must be in [0, 1], got -0.5"), Error);
+                       doctest::Contains("dropout p must be in [0, 1], got -0.5"), Error);
   GatedFeedForward gl({.d_model = 4, .hidden = 3, .place = kF64}, rng);
   CHECK_THROWS_WITH_AS(gl.forward(bad),
                        doctest::Contains("[gated_feed_forward] x.shape[-1]=5 != d_model=4"), Error);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/philox.h"
 
 namespace ffn::train {
 
@@ -176,7 +177,7 @@ std::vector<Field> fields(Config& c) {
       int_field("model.d_model", c.model.d_model, 1, ">= 1"),
       enum_field("model.ffn", c.model.ffn, kFfnKindNames),
       num_field("model.ffn_mult", c.model.ffn_mult, pos, "> 0"),
-      num_field("model.dropout", c.model.dropout, unit, "in [0, 1)"),
+      num_field("model.dropout", c.model.dropout, dropout_p_valid, "in [0, 1]"),
       bool_field("model.bias", c.model.bias),
       int_field("train.batch_size", c.train.batch_size, 1, ">= 1"),
       int_field("train.iters", c.train.iters, 1, ">= 1"),
