@@ -37,6 +37,24 @@ double rel_l2(const Tensor& a, const Tensor& b) {
   return std::sqrt(num / den);
 }
 
+void check_against_reference(const Tensor& gpu, const Tensor& ref64, const Tensor& naive32,
+                             DType dt, const std::string& what, const RefRule& rule) {
+  const Tensor g = gpu.to(Device::cpu()).to(DType::f64);
+  for (double v : g.to_vector()) REQUIRE_MESSAGE(!std::isnan(v), what, ": NaN in GPU output");
+  const double scale = std::max(max_abs(ref64), rule.scale);
+  if (dt == DType::f32) {
+    const double atol = std::max(1.0, rule.reduce_len) * std::ldexp(1.0, -23) * rule.term_bound +
+                        1e-6 * scale;
+    check_close(g, ref64, atol, rule.rtol32, what);
+    return;
+  }
+  const double naive_err = max_abs_diff(naive32.to(dt).to(DType::f64), ref64);
+  const double err = max_abs_diff(g, ref64);
+  CHECK_MESSAGE(err <= rule.factor16 * naive_err + 1e-6 * scale, what, " ", dtype_name(dt),
+                ": gpu error ", err, " vs naive error ", naive_err, " (x", rule.factor16,
+                " allowed)");
+}
+
 void check_close(const Tensor& actual, const Tensor& expected, double atol, double rtol,
                  const std::string& what) {
   REQUIRE_MESSAGE(actual.shape() == expected.shape(), what, ": shape ", shape_str(actual.shape()),

@@ -36,6 +36,27 @@ double rel_l2(const Tensor& a, const Tensor& b);
 void check_close(const Tensor& actual, const Tensor& expected, double atol, double rtol,
                  const std::string& what);
 
+// The one rule for a CUDA kernel against its CPU reference (DESIGN.md "Precision and
+// tolerances"). `gpu` is the kernel's output, `ref64` the CPU reference in f64 on the same
+// (rounded) inputs, `naive32` the CPU reference run in f32 on them. Never NaN, and:
+//  * f32: |gpu - ref| <= atol + rtol32·|ref| with
+//      atol = max(1, reduce_len)·2⁻²³·term_bound + 1e-6·max(max|ref|, scale):
+//    the worst-case rounding of a sum of reduce_len terms each at most term_bound
+//    (0 for elementwise outputs, which carry one rounding), plus a floor of 1e-6 of the
+//    output's scale (`scale` for outputs that cancel to ~0 from large terms).
+//  * bf16/f16: max|gpu - ref64| <= factor16·max|rounded(naive32) - ref64| + 1e-6·scale:
+//    no worse than factor16 (2, flash-attention's rule) times the same math done naively
+//    at that precision.
+struct RefRule {
+  double reduce_len = 1;
+  double term_bound = 0;
+  double scale = 0;
+  double rtol32 = 1e-5;
+  double factor16 = 2.0;
+};
+void check_against_reference(const Tensor& gpu, const Tensor& ref64, const Tensor& naive32,
+                             DType dt, const std::string& what, const RefRule& rule = {});
+
 struct GradcheckOptions {
   double eps = 1e-6;
   double atol = 1e-5;

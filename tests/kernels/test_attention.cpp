@@ -1,0 +1,238 @@
+// tests/kernels/test_attention.cpp — causal attention: the composite path (bmm + causal_softmax)
+// and the fused flash-style kernels: the CPU reference against formulas and fp64 finite
+// differences, its argument checks, and the CUDA kernels against the reference (FFN_GPU_TEST cases
+// skip visibly without a GPU).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/attention.h"
+#include "kernels/causal_softmax.h"
+#include "kernels/gemm.h"
+#include "layers/functional.h"
+#include "tests/kernels/kernel_tests.h"
+#include "tests/test_util.h"
+
+using namespace ffn;
+using namespace ffn::test;
+
+namespace {
+// The fused attention op's CPU reference as an autograd node, so gradcheck can take its
+// finite differences (the layer uses the composite path on the CPU).
+class RefAttentionNode final : public Node {
+ public:
+  RefAttentionNode(Tensor qkv, Tensor y, Tensor lse, int64_t h, DropoutSpec d)
+      : qkv_(std::move(qkv)), y_(std::move(y)), lse_(std::move(lse)), h_(h), d_(d) {}
+  const char* name() const override { return "ref_attention"; }
+  std::vector<Tensor> backward(Tensor g) override {
+    Tensor dqkv = Tensor::empty(qkv_.shape(), qkv_.dtype());
+    fused_attention_backward(qkv_, y_, g, lse_, h_, scale(), d_, dqkv);
+    return {dqkv};
+  }
+  void release() override {}
+  size_t saved_bytes() const override { return 0; }
+  double scale() const { return 1.0 / std::sqrt(static_cast<double>(y_.size(2) / h_)); }
+
+ private:
+  Tensor qkv_, y_, lse_;
+  int64_t h_;
+  DropoutSpec d_;
+};
+
+Var ref_attention(const Var& qkv, int64_t h, const DropoutSpec& d, Tensor* lse_out = nullptr) {
+  const Tensor& x = qkv.value();
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3;
+  Tensor y = Tensor::empty({b, t, c}, x.dtype()), lse = Tensor::empty({b * h, t}, DType::f32);
+  fused_attention(x, h, 1.0 / std::sqrt(static_cast<double>(c / h)), d, y, lse);
+  if (lse_out) *lse_out = lse;
+  return make_output(y, std::make_shared<RefAttentionNode>(x, y, lse, h, d), {qkv});
+}
+}  // namespace
+
+TEST_CASE("causal_attention passes FD checks with and without attention dropout") {
+  Generator g(25);
+  struct Case {
+    int64_t b, t, c, h;
+  };
+  for (Case cs : {Case{1, 1, 2, 1}, Case{2, 5, 6, 2}, Case{1, 7, 12, 3}})
+    for (float p : {0.0f, 0.3f}) {
+      const DropoutSpec d{p, 11, 2};
+      gradcheck([&](const std::vector<Var>& in) { return fn::causal_attention(in[0], cs.h, d); },
+                {rand64({cs.b, cs.t, 3 * cs.c}, g)}, {"qkv"});
+    }
+  // Causality: the output at position t must not depend on later positions.
+  Tensor qkv = rand64({1, 6, 12}, g);
+  const Tensor y1 = fn::causal_attention(Var(qkv), 2, {}).value();
+  Tensor q2 = qkv.clone();
+  q2.narrow(1, 5, 1).fill_(9.0);
+  const Tensor y2 = fn::causal_attention(Var(q2), 2, {}).value();
+  check_close(y2.narrow(1, 0, 5), y1.narrow(1, 0, 5), 0, 0, "positions 0..4 ignore position 5");
+  CHECK_THROWS_WITH_AS(fn::causal_attention(Var(rand64({1, 3, 12}, g)), 5, {}),
+                       doctest::Contains("[causal_attention] qkv.shape[-1]=12 is not"), Error);
+}
+
+TEST_CASE("fused_attention's CPU reference: FD checks, equal to the composite path, lse") {
+  Generator g(27);
+  struct Case {
+    int64_t b, t, c, h;
+  };
+  for (Case cs : {Case{1, 1, 2, 1}, Case{2, 5, 6, 2}, Case{1, 9, 12, 3}})
+    for (float p : {0.0f, 0.3f}) {
+      const DropoutSpec d{p, 11, 2};
+      gradcheck([&](const std::vector<Var>& in) { return ref_attention(in[0], cs.h, d); },
+                {rand64({cs.b, cs.t, 3 * cs.c}, g)}, {"qkv"});
+      // Same math and the same dropped entries as bmm + causal_softmax + bmm.
+      const Tensor qkv = rand64({cs.b, cs.t, 3 * cs.c}, g), dy = rand64({cs.b, cs.t, cs.c}, g);
+      Var a(qkv, true), b(qkv, true);
+      Tensor lse;
+      Var ya = ref_attention(a, cs.h, d, &lse), yb = fn::causal_attention(b, cs.h, d);
+      ya.backward(dy);
+      yb.backward(dy);
+      check_close(ya.value(), yb.value(), 1e-12, 1e-12, "fused reference y == composite y");
+      check_close(a.grad(), b.grad(), 1e-12, 1e-12, "fused reference dqkv == composite dqkv");
+      // lse of query 0 is its single scaled score q0·k0/√d.
+      const int64_t hd = cs.c / cs.h;
+      const std::vector<double> x = qkv.to_vector(), l = lse.to_vector();
+      for (int64_t bi = 0; bi < cs.b; ++bi)
+        for (int64_t h = 0; h < cs.h; ++h) {
+          const double* row = x.data() + bi * cs.t * 3 * cs.c;  // query 0 of batch bi
+          double dot = 0;
+          for (int64_t k = 0; k < hd; ++k) dot += row[h * hd + k] * row[cs.c + h * hd + k];
+          CHECK(l[(bi * cs.h + h) * cs.t] ==
+                doctest::Approx(dot / std::sqrt(static_cast<double>(hd))).epsilon(1e-6));
+        }
+    }
+  Tensor y = Tensor::empty({1, 3, 4}, DType::f64), lse = Tensor::empty({2, 3}, DType::f32);
+  CHECK_THROWS_WITH_AS(fused_attention(rand64({1, 3, 12}, g), 5, 0.5, {}, y, lse),
+                       doctest::Contains("[fused_attention] qkv.shape[-1]=12 is not"), Error);
+  Tensor bad_lse = Tensor::empty({2, 3}, DType::f64);
+  CHECK_THROWS_WITH_AS(fused_attention(rand64({1, 3, 12}, g), 2, 0.5, {}, y, bad_lse),
+                       doctest::Contains("[fused_attention] lse must be a contiguous f32"), Error);
+  CHECK_THROWS_WITH_AS(fused_attention(rand64({1, 3, 12}, g), 2, -1.0, {}, y, lse),
+                       doctest::Contains("[fused_attention] scale must be > 0"), Error);
+}
+
+FFN_GPU_TEST("causal_attention and bmm on the GPU match the CPU (forward and backward)") {
+  Generator g(35);
+  for (auto [b, t, c, h] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 8, 1}, {2, 7, 12, 3}, {2, 64, 384, 6}})
+    for (float p : {0.0f, 0.2f}) {
+      const DropoutSpec d{p, 3, 4};
+      const Tensor qkv = rand64({b, t, 3 * c}, g);
+      const Tensor dy = rand64({b, t, c}, g);
+      auto run = [&](Device dev) {
+        Var x(qkv.to(DType::f32).to(dev), true);
+        Var y = fn::causal_attention(x, h, d);
+        y.backward(dy.to(DType::f32).to(dev));
+        return std::vector<Tensor>{y.value(), x.grad()};
+      };
+      const auto gpu = run(kGpu), cpu = run(Device::cpu());
+      const double tol = 1e-5 * static_cast<double>(t + c);
+      check_close(gpu[0].to(Device::cpu()), cpu[0], tol, 1e-4, "attention y");
+      check_close(gpu[1].to(Device::cpu()), cpu[1], tol, 1e-4, "attention dqkv");
+    }
+  const Tensor a = rand64({3, 5, 4}, g).to(DType::f32), bb = rand64({3, 6, 4}, g).to(DType::f32);
+  check_close(bmm(a.to(kGpu), bb.to(kGpu), {.trans_b = true}).to(Device::cpu()),
+              bmm(a, bb, {.trans_b = true}), 1e-6, 1e-5, "bmm");
+}
+
+// The flash-style kernels against the f64 reference on the same rounded inputs, with the
+// bf16/f16 rule: at most 2x the error of the same math done naively at that precision —
+// here the composite path (bmm, causal_softmax with rounded scores and probabilities, bmm)
+// run on the GPU in the same dtype. Odd T (partial tiles, mask draws across Philox blocks),
+// T across many 64-tiles, head sizes 32/64/128, dropout off and on.
+FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dropout)") {
+  Generator g(38);
+  struct Case {
+    int64_t b, t, h, d;
+  };
+  for (Case cs : {Case{1, 1, 1, 64}, Case{2, 7, 3, 32}, Case{1, 100, 2, 64}, Case{2, 256, 3, 64},
+                  Case{1, 130, 2, 128}, Case{1, 1100, 1, 64}})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (float p : {0.0f, 0.2f}) {
+        CAPTURE(cs.t);
+        CAPTURE(cs.d);
+        CAPTURE(p);
+        std::string tag = " ";
+        tag += dtype_name(dt);
+        tag += " T=" + std::to_string(cs.t);
+        REQUIRE(fused_attention_supported(dt, cs.t, cs.d));
+        const int64_t c = cs.h * cs.d;
+        const DropoutSpec d{p, 5, 9};
+        const Tensor qkv = rand64({cs.b, cs.t, 3 * c}, g).to(dt).to(DType::f64);
+        const Tensor dy = rand64({cs.b, cs.t, c}, g).to(dt).to(DType::f64);
+        auto run = [&](Device dev, DType type, bool fused) {
+          Var x(qkv.to(type).to(dev), true);
+          Var y = fn::causal_attention(x, cs.h, d, fused);
+          y.backward(dy.to(type).to(dev));
+          return std::vector<Tensor>{y.value().to(Device::cpu()).to(DType::f64),
+                                     x.grad().to(Device::cpu()).to(DType::f64)};
+        };
+        // f64 reference: the op's CPU reference (equal to the composite path, CPU tests).
+        const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
+        Tensor y64 = Tensor::empty({cs.b, cs.t, c}, DType::f64);
+        Tensor lse64 = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32);
+        Tensor dqkv64 = Tensor::empty(qkv.shape(), DType::f64);
+        fused_attention(qkv, cs.h, scale, d, y64, lse64);
+        fused_attention_backward(qkv, y64, dy, lse64, cs.h, scale, d, dqkv64);
+        // The kernels themselves (every case), and the layer (which routes to them where
+        // fused_attention_preferred) bit for bit equal to them.
+        Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
+        Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
+        const Tensor xg = qkv.to(dt).to(kGpu), dyg = dy.to(dt).to(kGpu);
+        fused_attention(xg, cs.h, scale, d, y, lse);
+        Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu);
+        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1);
+        const std::vector<Tensor> fused = {y.to(Device::cpu()).to(DType::f64),
+                                           g1.to(Device::cpu()).to(DType::f64)};
+        const auto naive = run(kGpu, dt, false);
+        if (fused_attention_preferred(dt, cs.t, cs.d)) {
+          const auto layer = run(kGpu, dt, true);
+          CHECK_MESSAGE(max_abs_diff(layer[0], fused[0]) == 0.0, "layer y == kernel y", tag);
+          CHECK_MESSAGE(max_abs_diff(layer[1], fused[1]) == 0.0, "layer dqkv == kernel dqkv", tag);
+        }
+        // ds_ij = p_ij (dp_ij − D_i) uses D_i = dy_i·y_i with the stored 16-bit y (as
+        // FlashAttention does): its rounding, at most u·Σ_d|dy_id·y_id| (u = 2^-8 for bf16,
+        // 2^-11 for f16), reaches dq_i (and dk_j) through scale·Σ_j p_ij·k_j, so the
+        // gradient may be off by u·scale·max_i Σ_d|dy·y|·max|qkv| beyond the naive error
+        // (it matters where the exact ds is ~0, e.g. T = 1, which the naive path gets exact).
+        double dmax = 0;
+        {
+          const std::vector<double> yv = y64.to_vector(), gv = dy.to_vector();
+          for (size_t r = 0; r < yv.size() / cs.d; ++r) {
+            double acc = 0;
+            for (int64_t k = 0; k < cs.d; ++k) acc += std::abs(yv[r * cs.d + k] * gv[r * cs.d + k]);
+            dmax = std::max(dmax, acc);
+          }
+        }
+        const double u = std::ldexp(1.0, dt == DType::bf16 ? -8 : -11);
+        const double d_term = u * dmax * max_abs(qkv) / std::sqrt(static_cast<double>(cs.d));
+        const char* names[2] = {"y", "dqkv"};
+        const Tensor ref[2] = {y64, dqkv64};
+        for (int k = 0; k < 2; ++k) {
+          for (double v : fused[k].to_vector()) REQUIRE_MESSAGE(std::isfinite(v), names[k], tag);
+          const double err = max_abs_diff(fused[k], ref[k]);
+          const double naive_err = max_abs_diff(naive[k], ref[k]);
+          CHECK_MESSAGE(err <= 2 * naive_err + (k == 1 ? d_term : 0.0) + 1e-6 * max_abs(ref[k]),
+                        "fused attention ", names[k], tag, " p=", p, ": error ", err, " vs naive ",
+                        naive_err, " (D term ", d_term, ")");
+        }
+        // lse: fp32 statistics of the same scores.
+        check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
+        // Deterministic: a second backward gives the same bits.
+        Tensor g2 = Tensor::empty(xg.shape(), dt, kGpu);
+        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2);
+        CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
+                                   g2.to(Device::cpu()).to(DType::f64)) == 0.0,
+                      "backward is deterministic", tag);
+      }
+  CHECK_FALSE(fused_attention_supported(DType::f32, 256, 64));
+  CHECK_FALSE(fused_attention_supported(DType::bf16, 256, 48));
+  CHECK(fused_attention_preferred(DType::bf16, 256, 64));   // shakespeare_char
+  CHECK(fused_attention_preferred(DType::bf16, 1024, 64));  // gpt2_small
+  Tensor y = Tensor::empty({1, 4, 48}, DType::bf16, kGpu),
+         lse = Tensor::empty({1, 4}, DType::f32, kGpu);
+  CHECK_THROWS_WITH_AS(
+      fused_attention(Tensor::zeros({1, 4, 144}, DType::bf16, kGpu), 1, 0.1, {}, y, lse),
+      doctest::Contains("[fused_attention] the CUDA kernel takes bf16/f16, head_dim 32, 64 or 128"),
+      Error);
+}

@@ -1,0 +1,172 @@
+// tests/kernels/test_layer_norm.cpp — LayerNorm forward/backward, mixed precision included: the CPU
+// reference against formulas and fp64 finite differences, its argument checks, and the CUDA kernels
+// against the reference (FFN_GPU_TEST cases skip visibly without a GPU).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/layer_norm.h"
+#include "layers/functional.h"
+#include "tests/kernels/kernel_tests.h"
+#include "tests/test_util.h"
+
+using namespace ffn;
+using namespace ffn::test;
+
+TEST_CASE("layer_norm matches its formula and passes FD checks (x, w, b)") {
+  Generator g(22);
+  for (const Shape& s : {Shape{1, 1}, Shape{7, 13}, Shape{129, 257}, Shape{3, 5, 7}}) {
+    const int64_t c = s.back();
+    gradcheck([&](const std::vector<Var>& in) { return fn::layer_norm(in[0], in[1], in[2], 1e-5); },
+              {rand64(s, g, 2.0), rand64({c}, g), rand64({c}, g)}, {"x", "w", "b"});
+  }
+  // Without bias, and the statistics in the forward.
+  const Tensor x = rand64({4, 6}, g, 3.0), w = rand64({6}, g);
+  gradcheck([&](const std::vector<Var>& in) { return fn::layer_norm(in[0], in[1], Var(), 1e-5); },
+            {x, w}, {"x", "w"});
+  Tensor y = Tensor::empty({4, 6}, DType::f64), mean = Tensor::empty({4}, DType::f64),
+         rstd = Tensor::empty({4}, DType::f64);
+  layer_norm(x, w, Tensor(), 1e-5, y, mean, rstd);
+  const auto xv = x.to_vector();
+  double mu = 0, var = 0;
+  for (int j = 0; j < 6; ++j) mu += xv[j] / 6;
+  for (int j = 0; j < 6; ++j) var += (xv[j] - mu) * (xv[j] - mu) / 6;
+  CHECK(mean.to_vector()[0] == doctest::Approx(mu).epsilon(1e-12));
+  CHECK(rstd.to_vector()[0] == doctest::Approx(1 / std::sqrt(var + 1e-5)).epsilon(1e-12));
+  Tensor bad_mean = Tensor::empty({4}, DType::f32);
+  CHECK_THROWS_WITH_AS(layer_norm(x, w, Tensor(), 1e-5, y, bad_mean, rstd),
+                       doctest::Contains("[layer_norm] mean must be f64, got f32"), Error);
+  CHECK_THROWS_WITH_AS(layer_norm(x, rand64({5}, g), Tensor(), 1e-5, y, mean, rstd),
+                       doctest::Contains("[layer_norm] w.shape=[5] but expected [6]"), Error);
+}
+
+TEST_CASE("layer_norm backward can add dx into a sum; autograd does so for a residual stream") {
+  Generator g(40);
+  const Tensor x = rand64({5, 9}, g, 2.0), w = rand64({9}, g), dy = rand64({5, 9}, g);
+  Tensor y = Tensor::empty({5, 9}, DType::f64), mean = Tensor::empty({5}, DType::f64),
+         rstd = Tensor::empty({5}, DType::f64);
+  layer_norm(x, w, Tensor(), 1e-5, y, mean, rstd);
+  Tensor dx = Tensor::empty({5, 9}, DType::f64);
+  layer_norm_backward(dy, x, w, mean, rstd, &dx, nullptr, nullptr);
+  const Tensor prev = rand64({5, 9}, g);
+  Tensor sum = prev.clone();
+  layer_norm_backward(dy, x, w, mean, rstd, &sum, nullptr, nullptr, /*accumulate_dx=*/true);
+  const auto sv = sum.to_vector(), pv = prev.to_vector(), dv = dx.to_vector();
+  for (size_t i = 0; i < sv.size(); ++i)
+    CHECK(sv[i] == doctest::Approx(pv[i] + dv[i]).epsilon(1e-14));
+  CHECK_THROWS_WITH_AS(
+      layer_norm_backward(dy, x, w, mean, rstd, nullptr, nullptr, nullptr, true),
+      doctest::Contains("[layer_norm_backward] accumulate_dx needs a contiguous dx"), Error);
+  // h feeds both the residual add and the LayerNorm: the add's gradient reaches h's sum
+  // first and the LayerNorm adds into it (Note [Accumulating backward]).
+  gradcheck(
+      [&](const std::vector<Var>& in) {
+        const Var h = fn::add(in[0], in[0]);
+        return fn::add(h, fn::layer_norm(h, in[1], in[2], 1e-5));
+      },
+      {rand64({3, 4, 7}, g, 2.0), rand64({7}, g), rand64({7}, g)}, {"x", "w", "b"});
+}
+
+// C % 8 == 0 up to 1024 with 16-bit w takes the one-pass backward kernel (several 64-row
+// blocks at 130 and 200 rows); the rest the per-row kernel + column sums.
+FFN_GPU_TEST("layer_norm on the GPU matches the CPU (forward, dx, dw, db, dx added to a sum)") {
+  Generator g(32);
+  for (auto [m, c] : {std::pair<int64_t, int64_t>{1, 1},
+                      {37, 3},
+                      {5, 7},
+                      {33, 1600},
+                      {9, 4097},
+                      {64, 384},
+                      {0, 8},
+                      {3, 8},
+                      {200, 1000},
+                      {130, 768}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Tensor x = rand64({m, c}, g, 3.0).to(dt).to(DType::f64);
+      const Tensor w = rand64({c}, g).to(dt).to(DType::f64);
+      const Tensor b = rand64({c}, g).to(dt).to(DType::f64);
+      const Tensor dy = rand64({m, c}, g).to(dt).to(DType::f64);
+      const Tensor prev = rand64({m, c}, g).to(dt).to(DType::f64);
+      auto run = [&](DType t, Device d) {
+        const DType sd = acc_dtype(t);
+        Tensor y = Tensor::empty({m, c}, t, d), mu = Tensor::empty({m}, sd, d),
+               rs = Tensor::empty({m}, sd, d);
+        layer_norm(x.to(t).to(d), w.to(t).to(d), b.to(t).to(d), 1e-5, y, mu, rs);
+        Tensor dx = Tensor::empty({m, c}, t, d), dw = Tensor::empty({c}, t, d),
+               db = Tensor::empty({c}, t, d);
+        // The backward reads the forward's statistics (each in its own precision).
+        layer_norm_backward(dy.to(t).to(d), x.to(t).to(d), w.to(t).to(d), mu, rs, &dx, &dw, &db);
+        // dx added to a sum already there (as autograd does for the residual stream).
+        Tensor sum = prev.to(t).to(d);
+        layer_norm_backward(dy.to(t).to(d), x.to(t).to(d), w.to(t).to(d), mu, rs, &sum, nullptr,
+                            nullptr, /*accumulate_dx=*/true);
+        return std::vector<Tensor>{y, dx, dw, db, sum};
+      };
+      const auto gpu = run(dt, kGpu), r64 = run(DType::f64, Device::cpu()),
+                 r32 = run(DType::f32, Device::cpu());
+      const char* names[] = {"y", "dx", "dw", "db", "prev + dx"};
+      // dx's terms are rstd·dy·w; rstd is 1/√eps when a row is constant (C = 1).
+      const double dx_terms = m ? max_abs(dy) * max_abs(w) / std::sqrt(1e-5) : 0.0;
+      for (int i = 0; i < 5; ++i)
+        check_against_reference(
+            gpu[i], r64[i], r32[i], dt,
+            std::string("layer_norm ") + names[i] + " " + std::to_string(m) + "x" +
+                std::to_string(c),
+            {.reduce_len = i == 2 || i == 3 ? static_cast<double>(m) : static_cast<double>(c),
+             .term_bound =
+                 4 * std::max(max_abs(r64[i]), (i == 1 || i == 4) && c == 1 ? dx_terms : 0.0),
+             .scale = (i == 1 || i == 4) && c == 1 ? dx_terms : 0.0});
+    }
+}
+
+FFN_GPU_TEST("mixed-precision LayerNorm (fp32 x, bf16 w/y) and residual add on the GPU") {
+  Generator g(37);
+  for (int64_t c : {7, 384})
+    for (int64_t m : {5, 130}) {
+      const Tensor x = rand64({m, c}, g, 3.0);  // fp32 stream: rounded to f32 only
+      const Tensor w = rand64({c}, g).to(DType::bf16).to(DType::f64);
+      const Tensor b = rand64({c}, g).to(DType::bf16).to(DType::f64);
+      const Tensor dy = rand64({m, c}, g).to(DType::bf16).to(DType::f64);
+      const Tensor x32 = x.to(DType::f32).to(DType::f64);
+      Tensor y = Tensor::empty({m, c}, DType::bf16, kGpu),
+             mu = Tensor::empty({m}, DType::f32, kGpu), rs = Tensor::empty({m}, DType::f32, kGpu);
+      layer_norm(x.to(DType::f32).to(kGpu), w.to(DType::bf16).to(kGpu), b.to(DType::bf16).to(kGpu),
+                 1e-5, y, mu, rs);
+      Tensor dx = Tensor::empty({m, c}, DType::f32, kGpu),
+             dw = Tensor::empty({c}, DType::bf16, kGpu), db = Tensor::empty({c}, DType::bf16, kGpu);
+      layer_norm_backward(dy.to(DType::bf16).to(kGpu), x.to(DType::f32).to(kGpu),
+                          w.to(DType::bf16).to(kGpu), mu, rs, &dx, &dw, &db);
+      auto ref = [&](DType t) {
+        const DType sd = acc_dtype(t);
+        Tensor ry = Tensor::empty({m, c}, t), rm = Tensor::empty({m}, sd),
+               rr = Tensor::empty({m}, sd);
+        layer_norm(x32.to(t), w.to(t), b.to(t), 1e-5, ry, rm, rr);
+        Tensor rdx = Tensor::empty({m, c}, t), rdw = Tensor::empty({c}, t),
+               rdb = Tensor::empty({c}, t);
+        layer_norm_backward(dy.to(t), x32.to(t), w.to(t), rm, rr, &rdx, &rdw, &rdb);
+        return std::vector<Tensor>{ry, rdx, rdw, rdb};
+      };
+      const auto r64 = ref(DType::f64), r32 = ref(DType::f32);
+      const std::string tag = " " + std::to_string(m) + "x" + std::to_string(c);
+      check_against_reference(
+          y, r64[0], r32[0], DType::bf16, "mixed ln y" + tag,
+          {.reduce_len = static_cast<double>(c), .term_bound = 4 * max_abs(r64[0])});
+      check_against_reference(
+          dx, r64[1], r32[1], DType::f32, "mixed ln dx (fp32)" + tag,
+          {.reduce_len = static_cast<double>(c), .term_bound = 4 * max_abs(r64[1])});
+      check_against_reference(
+          dw, r64[2], r32[2], DType::bf16, "mixed ln dw" + tag,
+          {.reduce_len = static_cast<double>(m), .term_bound = 4 * max_abs(r64[2])});
+      check_against_reference(
+          db, r64[3], r32[3], DType::bf16, "mixed ln db" + tag,
+          {.reduce_len = static_cast<double>(m), .term_bound = 4 * max_abs(r64[3])});
+    }
+  // fp32 + bf16 residual add: fp32 out; each gradient in its input's dtype.
+  Var a(Tensor::full({4}, 1.0, DType::f32, kGpu), true),
+      h(Tensor::full({4}, 0.5, DType::bf16, kGpu), true);
+  Var s = fn::add(a, h);
+  CHECK(s.value().dtype() == DType::f32);
+  s.backward(Tensor::full({4}, 2.0, DType::f32, kGpu));
+  CHECK(a.grad().dtype() == DType::f32);
+  CHECK(h.grad().dtype() == DType::bf16);
+  CHECK(h.grad().to_vector() == std::vector<double>{2, 2, 2, 2});
+}
