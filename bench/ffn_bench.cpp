@@ -14,6 +14,7 @@
 #include "bench/workloads.h"
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/timer.h"
 #include "core/generator.h"
 #include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
@@ -46,25 +47,7 @@ Inputs make_inputs(const bench::Workload& w, Device dev, Generator& g) {
 
 template <class F>
 double median_ms(int dev, int warmup, int iters, F&& body) {
-  cudaStream_t s = cuda::stream(dev);
-  for (int i = 0; i < warmup; ++i) body();
-  std::vector<float> ms;
-  cudaEvent_t a, b;
-  FFN_CHECK_CUDA(cudaEventCreate(&a));
-  FFN_CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < iters; ++i) {
-    FFN_CHECK_CUDA(cudaEventRecord(a, s));
-    body();
-    FFN_CHECK_CUDA(cudaEventRecord(b, s));
-    FFN_CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    FFN_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return cuda::median_event_ms(cuda::stream(dev), warmup, iters, body);
 }
 
 // Times each fused elementwise kernel of a workload alone and prints its effective

@@ -26,6 +26,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/timer.h"
 #include "kernels/bias_act_dropout.h"
 #include "kernels/gemm.h"
 
@@ -130,23 +131,7 @@ float time_algo(const Key& key, Plan& p, const cublasLtMatmulAlgo_t& algo, const
                           scratch, p.c, &algo, workspace(key.device), workspace_bytes(), s);
   };
   if (run() != CUBLAS_STATUS_SUCCESS) return INFINITY;
-  cudaEvent_t e0, e1;
-  FFN_CHECK_CUDA(cudaEventCreate(&e0));
-  FFN_CHECK_CUDA(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 3; ++i) {
-    FFN_CHECK_CUDA(cudaEventRecord(e0, s));
-    run();
-    FFN_CHECK_CUDA(cudaEventRecord(e1, s));
-    FFN_CHECK_CUDA(cudaEventSynchronize(e1));
-    float t = 0;
-    FFN_CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  std::sort(ms.begin(), ms.end());
-  return ms[1];
+  return median_event_ms(s, 0, 3, run);
 }
 
 Plan make_plan(const Key& key, const Call& call) {
