@@ -9,10 +9,10 @@
 
 #include "layers/transformer.h"
 #include "tests/test_util.h"
-#include "train/comm.h"
+#include "train/dist/comm.h"
 #include "train/config.h"
-#include "train/ddp.h"
-#include "train/dist.h"
+#include "train/dist/ddp.h"
+#include "train/dist/dist.h"
 #include "train/trainer.h"
 
 using namespace ffn;

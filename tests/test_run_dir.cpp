@@ -17,8 +17,8 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
-#include "train/dist.h"
-#include "train/json.h"
+#include "train/dist/dist.h"
+#include "train/io/json.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
 

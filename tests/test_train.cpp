@@ -12,7 +12,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
-#include "train/json.h"
+#include "train/io/json.h"
 #include "train/trainer.h"
 
 using namespace ffn;

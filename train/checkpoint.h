@@ -1,4 +1,5 @@
-// train/checkpoint.h — safetensors files and resumable checkpoints.
+// train/checkpoint.h — resumable checkpoints: directories of safetensors files
+// (train/io/safetensors.h) plus the training state.
 //
 // Note [Checkpoint layout]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -26,25 +27,11 @@
 
 #include "core/autograd.h"
 #include "core/tensor.h"
+#include "train/io/safetensors.h"
 
 namespace ffn::train {
 
 constexpr int kCheckpointVersion = 1;
-
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
-
-// The value tensors of named parameters (they share storage with the Vars).
-NamedTensors values_of(const std::vector<std::pair<std::string, Var>>& vars);
-
-uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
-
-// Writes host copies of `tensors` (any device) to `path` (fsynced; not renamed).
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
-// Reads a safetensors file into host tensors, checking the layout and any per-tensor
-// CRC-32 recorded in the metadata.
-NamedTensors load_safetensors(const std::string& path,
-                              std::map<std::string, std::string>* metadata = nullptr);
 
 struct TrainState {
   int64_t iter = 0;  // iterations completed

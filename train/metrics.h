@@ -1,13 +1,17 @@
 // train/metrics.h — what a run leaves for people: metrics.jsonl (one JSON object per
-// line, `iter` plus train_loss or val_loss and friends), loss.svg (train and val curves,
-// redrawn at every eval), and the one-line progress display with ETA.
+// line, `iter` plus train_loss or val_loss and friends) and the number formats of the
+// progress display (loss.svg is drawn by train/io/svg.h).
 #pragma once
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "train/io/svg.h"
+#include "train/progress.h"
 
 namespace ffn::train {
 
@@ -22,15 +26,22 @@ class MetricsLog {
   std::ofstream out_;
 };
 
-struct Curve {
-  std::string name;
-  std::string color;
-  std::vector<std::pair<double, double>> points;  // (iter, loss)
-};
+// The run's record on disk, kept by the writing rank: metrics.jsonl and loss.svg. On a
+// resume from iteration `resumed_iter`, lines after it (from iterations about to be redone)
+// are dropped and the curves are reread from the kept lines. Other ranks keep nothing.
+class RunRecord {
+ public:
+  RunRecord(const std::string& run_dir, bool writer, int64_t resumed_iter /* -1: fresh */);
+  void step(int64_t iter, double loss, double lr, double grad_norm, const WindowStats& w,
+            int64_t skipped_total);
+  // Writes the eval line and redraws loss.svg.
+  void eval(int64_t iter, double val, double train, double best);
 
-// Writes an SVG line chart of the curves (iterations on x, loss on y) atomically.
-void write_loss_svg(const std::string& path, const std::vector<Curve>& curves,
-                    const std::string& title);
+ private:
+  std::string dir_;
+  std::unique_ptr<MetricsLog> log_;
+  Curve train_{"train", "#1f77b4", {}}, val_{"val", "#d62728", {}};
+};
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "42s"
 std::string format_count(double v);           // "152k", "1.3M"

@@ -1,6 +1,6 @@
 // train/trainer.h — the config-driven training loop behind `ffn-train`.
 //
-// One call trains a GPT from a Config: loads the data, builds the model and AdamW on the
+// A Trainer trains a GPT from a Config: loads the data, builds the model and AdamW on the
 // chosen device, trains with the LR schedule, evaluates every run.eval_every iterations
 // on fixed val (and train) batches, logs progress with ETA, appends metrics.jsonl,
 // redraws loss.svg and checkpoints (Note [Checkpoint layout]). Resuming restores the
@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "layers/transformer.h"
@@ -24,7 +25,7 @@ struct TrainOptions {
   int64_t stop_after = 0;  // > 0: run at most this many iterations, checkpoint and return
   bool quiet = false;      // no progress display (metrics are still written)
   // Data parallelism. Without `comm`, RANK/WORLD_SIZE/... from the environment decide
-  // (train/dist.h): world > 1 joins an NCCL group, one GPU per process (LOCAL_RANK).
+  // (train/dist/dist.h): world > 1 joins an NCCL group, one GPU per process (LOCAL_RANK).
   // Tests pass an in-process communicator instead (then any device, CPU included).
   Comm* comm = nullptr;
   int64_t bucket_mb = 25;       // gradient bucket size for the overlapped all-reduce
@@ -46,6 +47,39 @@ struct TrainResult {
   double overlap_share = 0;  // buckets launched during backward / all buckets (world > 1)
 };
 
+// A training run, from its config to its last checkpoint. The constructor does everything
+// before the first step, in order: place (world, rank, device, dtype), validate_run (run dir,
+// checkpoint, data; every config error before device memory is touched), prepare_run_dir
+// (the lock, --overwrite), connect (NCCL), build (model, optimizer), restore (resume) and
+// announce. run() then steps to the end (or --stop-after) and returns the summary.
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opt);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  TrainResult run();
+
+ private:
+  struct State;
+  void place();
+  void validate_run();
+  void prepare_run_dir();
+  void connect();
+  void build();
+  void restore();
+  void announce() const;
+  bool step(int64_t it);
+  void finish_step(int64_t done, double lr);
+  void evaluate(int64_t done);
+  std::string checkpoint(int64_t done);
+  bool eval_after(int64_t done) const;
+  bool checkpoint_after(int64_t done) const;
+  void summarize(const TrainResult& res) const;
+  std::unique_ptr<State> s_;
+};
+
+// Trainer(cfg, opt).run().
 TrainResult run_training(const Config& cfg, const TrainOptions& opt);
 
 // The model a config describes (ffn-sample rebuilds a run's model with it).

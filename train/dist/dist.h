@@ -1,4 +1,4 @@
-// train/dist.h — process-level data parallelism: who am I (RANK, WORLD_SIZE, LOCAL_RANK,
+// train/dist/dist.h — process-level data parallelism: who am I (RANK, WORLD_SIZE, LOCAL_RANK,
 // MASTER_ADDR, MASTER_PORT, as torchrun/srun/mpirun wrappers set them), the rendezvous that
 // hands rank 0's NCCL unique id to the others, and the local launcher behind
 // `ffn-train --nproc N`.

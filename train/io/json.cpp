@@ -1,5 +1,5 @@
-// train/json.cpp — the recursive-descent reader behind train/json.h.
-#include "train/json.h"
+// train/io/json.cpp — the recursive-descent reader behind train/io/json.h.
+#include "train/io/json.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// train/ddp.h — data-parallel gradient averaging: buckets of parameters reduced while
+// train/dist/ddp.h — data-parallel gradient averaging: buckets of parameters reduced while
 // backward is still running.
 //
 // Parameters are grouped into buckets of about `bucket_bytes`, in reverse registration
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/autograd.h"
-#include "train/comm.h"
+#include "train/dist/comm.h"
 
 namespace ffn::train {
 

@@ -1,4 +1,4 @@
-// train/ffn_sample.cpp — `ffn-sample RUN_DIR --prompt TEXT --tokens N`: generate text from
+// train/programs/ffn_sample.cpp — `ffn-sample RUN_DIR --prompt TEXT --tokens N`: generate text from
 // a character-level run's latest checkpoint (or a given ckpt-* directory).
 //
 // Sampling: softmax(logits / temperature) restricted to the top-k tokens, drawn from a
@@ -21,6 +21,48 @@
 
 using namespace ffn;
 namespace fs = std::filesystem;
+
+namespace {
+
+// Appends `tokens` sampled characters to `ids`, printing each as it comes: softmax over the
+// last position's logits at `temperature`, among the top_k most likely (0: all), with
+// Philox(seed) draws so a seed gives the same text.
+void sample(GPT& model, const GptConfig& g, const std::vector<uint8_t>& vocab,
+            std::vector<int32_t>& ids, int64_t tokens, double temperature, int64_t top_k,
+            uint64_t seed, Device dev) {
+  NoGradGuard ng;
+  for (int64_t n = 0; n < tokens; ++n) {
+    const int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), g.context);
+    std::vector<double> window(ids.end() - t, ids.end());
+    const Tensor x = Tensor::from_vector(window, {1, t}, DType::i32, dev);
+    const Var h = model.hidden(x);
+    const Tensor last = h.value().reshape({t, g.d_model}).narrow(0, t - 1, 1);
+    const Var logits = fn::linear(Var(last), model.token_embedding(), Var());
+    std::vector<double> l = logits.value().to_vector();
+    std::vector<double> sorted = l;
+    std::sort(sorted.rbegin(), sorted.rend());
+    const double cut = top_k > 0 && top_k < static_cast<int64_t>(l.size()) ? sorted[top_k - 1]
+                                                                            : -INFINITY;
+    double mx = sorted[0], sum = 0;
+    for (double& v : l) sum += (v = v >= cut ? std::exp((v - mx) / temperature) : 0.0);
+    const U32x4 r = philox_block(seed, 1, static_cast<uint64_t>(n));
+    double u = (static_cast<double>(r.v[0]) + 0.5) / 4294967296.0 * sum;
+    int32_t next = 0;
+    for (size_t j = 0; j < l.size(); ++j) {
+      u -= l[j];
+      if (u <= 0 && l[j] > 0) {
+        next = static_cast<int32_t>(j);
+        break;
+      }
+      if (l[j] > 0) next = static_cast<int32_t>(j);
+    }
+    ids.push_back(next);
+    std::fputs(train::decode_chars(vocab, {next}).c_str(), stdout);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"ffn-sample: generate text from a trained character-level fused-ffn run.",
@@ -71,36 +113,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> ids = train::encode_chars(st.vocab, prompt);
     FFN_CHECK(!ids.empty(), "[ffn-sample] the prompt is empty");
     std::fputs(prompt.c_str(), stdout);
-    NoGradGuard ng;
-    for (int64_t n = 0; n < tokens; ++n) {
-      const int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), g.context);
-      std::vector<double> window(ids.end() - t, ids.end());
-      const Tensor x = Tensor::from_vector(window, {1, t}, DType::i32, dev);
-      const Var h = model.hidden(x);
-      const Tensor last = h.value().reshape({t, g.d_model}).narrow(0, t - 1, 1);
-      const Var logits = fn::linear(Var(last), model.token_embedding(), Var());
-      std::vector<double> l = logits.value().to_vector();
-      std::vector<double> sorted = l;
-      std::sort(sorted.rbegin(), sorted.rend());
-      const double cut = top_k > 0 && top_k < static_cast<int64_t>(l.size()) ? sorted[top_k - 1]
-                                                                              : -INFINITY;
-      double mx = sorted[0], sum = 0;
-      for (double& v : l) sum += (v = v >= cut ? std::exp((v - mx) / temperature) : 0.0);
-      const U32x4 r = philox_block(seed, 1, static_cast<uint64_t>(n));
-      double u = (static_cast<double>(r.v[0]) + 0.5) / 4294967296.0 * sum;
-      int32_t next = 0;
-      for (size_t j = 0; j < l.size(); ++j) {
-        u -= l[j];
-        if (u <= 0 && l[j] > 0) {
-          next = static_cast<int32_t>(j);
-          break;
-        }
-        if (l[j] > 0) next = static_cast<int32_t>(j);
-      }
-      ids.push_back(next);
-      std::fputs(train::decode_chars(st.vocab, {next}).c_str(), stdout);
-      std::fflush(stdout);
-    }
+    sample(model, g, st.vocab, ids, tokens, temperature, top_k, seed, dev);
     std::fputs("\n", stdout);
     return 0;
   } catch (const Error& e) {

@@ -1,4 +1,4 @@
-// train/json.h — a small JSON reader and string escaper: enough for safetensors headers
+// train/io/json.h — a small JSON reader and string escaper: enough for safetensors headers
 // (objects, arrays, strings, integers) and for checking our own metrics lines. Malformed
 // input throws an error naming the offset.
 #pragma once

@@ -1,11 +1,11 @@
-// train/ffn_train.cpp — `ffn-train CONFIG [--set k=v]… [--resume DIR]`: the main job.
+// train/programs/ffn_train.cpp — `ffn-train CONFIG [--set k=v]… [--resume DIR]`: the main job.
 //
 // Exit codes: 0 done; 1 runtime failure (bad checkpoint, non-finite training, CUDA/NCCL
 // error, a peer lost); 2 configuration error (bad flags, unknown/mistyped/out-of-range
 // config keys), reported before any device memory is allocated.
 //
 // Data parallel: `--nproc N` (or runtime.nproc) starts N local workers of this same command
-// (train/dist.h); under torchrun/srun/mpirun-style launchers the RANK/WORLD_SIZE/LOCAL_RANK/
+// (train/dist/dist.h); under torchrun/srun/mpirun-style launchers the RANK/WORLD_SIZE/LOCAL_RANK/
 // MASTER_ADDR/MASTER_PORT variables make each process one rank.
 #include <CLI/CLI.hpp>
 
@@ -14,7 +14,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
-#include "train/dist.h"
+#include "train/dist/dist.h"
 #include "train/run_dir.h"
 #include "train/trainer.h"
 

@@ -1,5 +1,5 @@
-// train/comm.cpp — the in-process thread group and the NCCL communicator with its timeouts.
-#include "train/comm.h"
+// train/dist/comm.cpp — the in-process thread group and the NCCL communicator with its timeouts.
+#include "train/dist/comm.h"
 
 #include <chrono>
 #include <condition_variable>

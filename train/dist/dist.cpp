@@ -1,5 +1,5 @@
-// train/dist.cpp — environment, TCP rendezvous and the local launcher (train/dist.h).
-#include "train/dist.h"
+// train/dist/dist.cpp — environment, TCP rendezvous and the local launcher (train/dist/dist.h).
+#include "train/dist/dist.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -98,66 +98,71 @@ DistEnv dist_env_from_environment() {
   return e;
 }
 
-std::string rendezvous(const DistEnv& env, const std::string& payload, double timeout_s) {
-  if (env.world == 1) return payload;
-  const auto deadline = clock_t_::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
-  if (env.rank == 0) {
-    const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
-    FFN_CHECK(ls >= 0, "[rendezvous] socket: ", std::strerror(errno));
-    const int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(env.master_port));
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(ls, 64) != 0) {
-      const std::string err = std::strerror(errno);
-      ::close(ls);
-      FFN_THROW("[rendezvous] rank 0 cannot listen on port ", env.master_port, ": ", err,
-                " (another run on this port? set MASTER_PORT)");
-    }
-    std::set<int> joined;
-    std::vector<int> conns;
-    while (static_cast<int>(joined.size()) < env.world - 1) {
-      pollfd p{ls, POLLIN, 0};
-      const int ms = static_cast<int>(std::max(0.0, seconds_left(deadline)) * 1000);
-      if (poll(&p, 1, ms) <= 0) {
-        std::string missing;
-        for (int r = 1; r < env.world; ++r)
-          if (!joined.count(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-        for (int c : conns) ::close(c);
-        ::close(ls);
-        FFN_THROW("[rendezvous] timed out after ", timeout_s, " s on ", where,
-                  " waiting for rank(s) ", missing, " of ", env.world);
-      }
-      const int c = ::accept(ls, nullptr, nullptr);
-      if (c < 0) continue;
-      std::istringstream hello(read_line(c, deadline));
-      std::string magic, nonce;
-      int rank = -1, world = -1;
-      hello >> magic >> nonce >> rank >> world;
-      std::string why;
-      if (magic != "FFNRDV1") why = "not a fused-ffn rendezvous";
-      else if (nonce != env.nonce) why = "stale or foreign run (nonce " + nonce + ", expected " + env.nonce + ")";
-      else if (world != env.world) why = "world size " + std::to_string(world) + " != " + std::to_string(env.world);
-      else if (rank < 1 || rank >= env.world || joined.count(rank)) why = "rank " + std::to_string(rank) + " invalid or already joined";
-      if (!why.empty()) {
-        send_all(c, "REJECT " + why + "\n");
-        ::close(c);
-        continue;
-      }
-      joined.insert(rank);
-      conns.push_back(c);
-    }
-    for (int c : conns) {
-      send_all(c, "OK " + std::to_string(payload.size()) + "\n" + payload);
-      ::close(c);
-    }
+namespace {
+
+using Deadline = clock_t_::time_point;
+
+// Rank 0: listen, accept a valid hello from every other rank, then hand each the payload.
+std::string serve_rendezvous(const DistEnv& env, const std::string& payload, Deadline deadline,
+                             const std::string& where, double timeout_s) {
+  const int ls = ::socket(AF_INET, SOCK_STREAM, 0);
+  FFN_CHECK(ls >= 0, "[rendezvous] socket: ", std::strerror(errno));
+  const int one = 1;
+  setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(env.master_port));
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (::bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(ls, 64) != 0) {
+    const std::string err = std::strerror(errno);
     ::close(ls);
-    return payload;
+    FFN_THROW("[rendezvous] rank 0 cannot listen on port ", env.master_port, ": ", err,
+              " (another run on this port? set MASTER_PORT)");
   }
-  // Other ranks: connect (retrying while rank 0 starts), say hello, read the payload.
+  std::set<int> joined;
+  std::vector<int> conns;
+  while (static_cast<int>(joined.size()) < env.world - 1) {
+    pollfd p{ls, POLLIN, 0};
+    const int ms = static_cast<int>(std::max(0.0, seconds_left(deadline)) * 1000);
+    if (poll(&p, 1, ms) <= 0) {
+      std::string missing;
+      for (int r = 1; r < env.world; ++r)
+        if (!joined.count(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      for (int c : conns) ::close(c);
+      ::close(ls);
+      FFN_THROW("[rendezvous] timed out after ", timeout_s, " s on ", where,
+                " waiting for rank(s) ", missing, " of ", env.world);
+    }
+    const int c = ::accept(ls, nullptr, nullptr);
+    if (c < 0) continue;
+    std::istringstream hello(read_line(c, deadline));
+    std::string magic, nonce;
+    int rank = -1, world = -1;
+    hello >> magic >> nonce >> rank >> world;
+    std::string why;
+    if (magic != "FFNRDV1") why = "not a fused-ffn rendezvous";
+    else if (nonce != env.nonce) why = "stale or foreign run (nonce " + nonce + ", expected " + env.nonce + ")";
+    else if (world != env.world) why = "world size " + std::to_string(world) + " != " + std::to_string(env.world);
+    else if (rank < 1 || rank >= env.world || joined.count(rank)) why = "rank " + std::to_string(rank) + " invalid or already joined";
+    if (!why.empty()) {
+      send_all(c, "REJECT " + why + "\n");
+      ::close(c);
+      continue;
+    }
+    joined.insert(rank);
+    conns.push_back(c);
+  }
+  for (int c : conns) {
+    send_all(c, "OK " + std::to_string(payload.size()) + "\n" + payload);
+    ::close(c);
+  }
+  ::close(ls);
+  return payload;
+}
+
+// Other ranks: connect (retrying while rank 0 starts), say hello, read the payload.
+std::string join_rendezvous(const DistEnv& env, Deadline deadline, const std::string& where,
+                            double timeout_s) {
   std::string last_error = "no attempt";
   while (seconds_left(deadline) > 0) {
     addrinfo hints{}, *res = nullptr;
@@ -194,6 +199,17 @@ std::string rendezvous(const DistEnv& env, const std::string& payload, double ti
   }
   FFN_THROW("[rendezvous] rank ", env.rank, " timed out after ", timeout_s,
             " s connecting to rank 0 at ", where, " (last error: ", last_error, ")");
+}
+
+}  // namespace
+
+std::string rendezvous(const DistEnv& env, const std::string& payload, double timeout_s) {
+  if (env.world == 1) return payload;
+  const Deadline deadline =
+      clock_t_::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  return env.rank == 0 ? serve_rendezvous(env, payload, deadline, where, timeout_s)
+                       : join_rendezvous(env, deadline, where, timeout_s);
 }
 
 namespace {

@@ -1,5 +1,5 @@
-// train/comm.h — collectives for data parallelism: the interface the trainer and the
-// gradient synchronizer (train/ddp.h) use, NCCL behind it on GPUs, and an in-process
+// train/dist/comm.h — collectives for data parallelism: the interface the trainer and the
+// gradient synchronizer (train/dist/ddp.h) use, NCCL behind it on GPUs, and an in-process
 // group of threads behind it for CPU tests.
 //
 // Note [Collective ordering]
@@ -55,7 +55,7 @@ struct NcclOptions {
   double timeout_s = 300;  // sync() gives up on a collective after this long
 };
 // Joins the NCCL communicator of `world` ranks on `device`; rank 0 made `unique_id` (128
-// bytes) and handed it to the others (train/dist.h).
+// bytes) and handed it to the others (train/dist/dist.h).
 std::unique_ptr<Comm> make_nccl_comm(int rank, int world, int device, const std::string& unique_id,
                                      const NcclOptions& opt);
 std::string nccl_unique_id();

@@ -1,5 +1,5 @@
-// train/ddp.cpp — the bucketed, overlapped gradient all-reduce (train/ddp.h).
-#include "train/ddp.h"
+// train/dist/ddp.cpp — the bucketed, overlapped gradient all-reduce (train/dist/ddp.h).
+#include "train/dist/ddp.h"
 
 namespace ffn::train {
 
