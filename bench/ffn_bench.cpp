@@ -17,6 +17,7 @@
 #include "core/cuda/timer.h"
 #include "core/generator.h"
 #include "kernels/bias_act_dropout.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/bias_glu_dropout.h"
 #include "layers/ffn_functional.h"
@@ -169,12 +170,69 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 
 }  // namespace
 
+// Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned) on the x·Wᵀ products of
+// the DESIGN.md workloads and GPT-2 124M (B·T = 16384), one JSON line per shape; then the
+// fused fc1 (GEMM + bias + GELU + dropout in the epilogue) against cuBLASLt + bias_act_dropout.
+void gemm_comparison(int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  struct Shape3 {
+    const char* name;
+    int64_t m, n, k;
+  };
+  const Shape3 shapes[] = {
+      {"welder_fc2", 2048, 4096, 16384},  {"ffn_d1024.fc1", 16384, 4096, 1024},
+      {"ffn_d1024.fc2", 16384, 1024, 4096}, {"ffn_d4096.fc1", 8192, 16384, 4096},
+      {"ffn_d4096.fc2", 8192, 4096, 16384}, {"geglu_d1024.fc1", 16384, 8192, 1024},
+      {"geglu_d2048.fc1", 16384, 16384, 2048}, {"gpt2.qkv", 16384, 2304, 768},
+      {"gpt2.proj", 16384, 768, 768},       {"gpt2.fc1", 16384, 3072, 768},
+      {"gpt2.fc2", 16384, 768, 3072},       {"gpt2.lm_head", 16384, 50304, 768}};
+  Generator g(31);
+  for (const Shape3& sh : shapes) {
+    const Tensor a = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);
+    const Tensor b = Tensor::randn({sh.n, sh.k}, g, DType::bf16, dev);
+    Tensor c = Tensor::empty({sh.m, sh.n}, DType::bf16, dev);
+    if (!cuda::sm90_gemm_supported(a, b, c)) {
+      std::fprintf(stderr, "ffn-bench --gemm: the Hopper GEMM does not run here (needs sm_90)\n");
+      return;
+    }
+    const double ours = median_ms(device, warmup, iters, [&] { cuda::sm90_gemm_nt(a, b, {}, c); });
+    const double lt = median_ms(device, warmup, iters, [&] { gemm(a, b, c, {.trans_b = true}); });
+    const double fl = 2.0 * static_cast<double>(sh.m) * static_cast<double>(sh.n) *
+                      static_cast<double>(sh.k);
+    std::printf("{\"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ours_ms\": %.4f, "
+                "\"cublaslt_ms\": %.4f, \"ours_tflops\": %.1f, \"cublaslt_tflops\": %.1f, "
+                "\"ours_over_cublaslt\": %.3f}\n",
+                sh.name, static_cast<long long>(sh.m), static_cast<long long>(sh.n),
+                static_cast<long long>(sh.k), ours, lt, fl / ours / 1e9, fl / lt / 1e9, ours / lt);
+    std::fflush(stdout);
+  }
+  for (const Shape3& sh : {shapes[1], shapes[3]}) {
+    const Tensor x = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);
+    const Tensor w = Tensor::randn({sh.n, sh.k}, g, DType::bf16, dev);
+    const Tensor b = Tensor::randn({sh.n}, g, DType::bf16, dev);
+    Tensor z = Tensor::empty({sh.m, sh.n}, DType::bf16, dev), hd = z.clone();
+    const DropoutSpec d{0.1f, 7, 8};
+    const double fused = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::gelu_tanh, d, hd, &z);
+    });
+    const double unfused = median_ms(device, warmup, iters, [&] {
+      gemm(x, w, z, {.trans_b = true});
+      bias_act_dropout(z, b, Activation::gelu_tanh, d, hd);
+    });
+    const double bare = median_ms(device, warmup, iters, [&] { gemm(x, w, z, {.trans_b = true}); });
+    std::printf("{\"fused_fc1\": \"%s\", \"ours_fused_ms\": %.4f, \"cublaslt_plus_kernel_ms\": "
+                "%.4f, \"cublaslt_gemm_ms\": %.4f, \"fused_over_bare\": %.3f}\n",
+                sh.name, fused, unfused, bare, fused / bare);
+    std::fflush(stdout);
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
   std::vector<std::string> only;
   int iters = 30, warmup = 5, device = 0;
-  bool recompute = false, kernels = false, epilogues = false;
+  bool recompute = false, kernels = false, epilogues = false, gemm_table = false;
   app.add_option("--workload", only, "Run only these workloads (default: all)");
   app.add_option("--iters", iters, "Timed iterations (median is reported)")
       ->check(CLI::PositiveNumber);
@@ -185,6 +243,8 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--epilogues", epilogues,
       "Also time cuBLASLt epilogues against our kernels where one could replace the other");
+  app.add_flag("--gemm", gemm_table,
+               "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -194,6 +254,10 @@ int main(int argc, char** argv) {
     }
     const Device dev = Device::cuda(device);
     const auto& props = cuda::properties(device);
+    if (gemm_table) {
+      gemm_comparison(device, warmup, iters);
+      return 0;
+    }
     for (const auto& w : bench::workloads()) {
       if (!only.empty() && std::find(only.begin(), only.end(), w.name) == only.end()) continue;
       Generator g(1234);

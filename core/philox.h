@@ -112,7 +112,6 @@ FFN_HD uint32_t mask_draw(const U32x4& r, uint64_t i) {
   return (r.v[(i & 7) >> 1] >> (16 * (i & 1))) & 0xffffu;
 }
 
-// One dropout call; see Note [Dropout RNG].
 // Note [Dropout probability]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // p is the probability of dropping an element and lies in [0, 1]: p = 0 keeps everything
@@ -127,6 +126,7 @@ inline void check_dropout_p(double p, const char* who) {
   FFN_CHECK(dropout_p_valid(p), "[", who, "] dropout p must be in [0, 1], got ", p);
 }
 
+// One dropout call; see Note [Dropout RNG].
 struct DropoutSpec {
   float p = 0.0f;
   uint64_t seed = 0;

@@ -10,6 +10,7 @@
 #include "kernels/bias_glu_dropout.h"
 #include "kernels/causal_softmax.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -103,6 +104,17 @@ void gemm(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
 }
 void gemm_batched(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
   no_cuda("bmm");
+}
+
+bool sm90_gemm_supported(const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+void sm90_gemm_nt(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("sm90_gemm");
+}
+void sm90_gemm_nt_bias_act_dropout(const Tensor&, const Tensor&, const Tensor&, Activation,
+                                   const DropoutSpec&, Tensor&, Tensor*) {
+  no_cuda("sm90_gemm");
 }
 
 void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {

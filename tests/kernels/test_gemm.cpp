@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/bias_act_dropout.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
 #include "tests/kernels/kernel_tests.h"
 #include "tests/test_util.h"
@@ -224,4 +225,96 @@ FFN_GPU_TEST("gemm epilogues on the GPU match the CPU reference") {
           gpu[5], r64[5], r32[5], dt, "dgelu_bgrad bias_grad",
           {.reduce_len = double(m) * k, .term_bound = 1.2, .rtol32 = 1e-5, .factor16 = 3.0});
     }
+}
+
+namespace {
+// Equal values and NaN-free (the outputs start as NaN, so an unwritten element shows).
+bool equal_and_written(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  for (size_t i = 0; i < va.size(); ++i)
+    if (std::isnan(va[i]) || std::isnan(vb[i]) || va[i] != vb[i]) return false;
+  return va.size() == vb.size();
+}
+}  // namespace
+
+// fused-ffn's own Hopper GEMM (kernels/cuda/gemm/): C = A·Bᵀ (+ bias) against the f64 CPU
+// reference by the low-precision rule, every element written (the output is poisoned with
+// NaN first), two runs bitwise equal; and the fused fc1 epilogue against the unfused path.
+FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference at odd and aligned shapes") {
+  Generator g(71);
+  const Tensor probe = Tensor::zeros({8, 8}, DType::bf16, kGpu);
+  if (!cuda::sm90_gemm_supported(probe, probe, probe)) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  // (M, N, K): M = 1, odd M and N (tails of the 128-row and 128/256-column tiles), K not a
+  // multiple of the 64-wide k-block, N < 256 (BN = 128) and N >= 256 (BN = 256).
+  const int64_t dims[][3] = {{1, 8, 8},      {7, 3, 64},       {129, 257, 72},
+                             {1000, 64, 1000}, {64, 4097, 1024}, {300, 1600, 776}};
+  for (auto& d : dims)
+    for (DType dt : {DType::bf16, DType::f16})
+      for (bool bias : {false, true}) {
+        const int64_t m = d[0], n = d[1], k = d[2];
+        const Tensor a64 = exact(rand64({m, k}, g), dt), b64 = exact(rand64({n, k}, g), dt);
+        const Tensor c64 = exact(rand64({n}, g), dt);
+        const Tensor ref = matmul(a64, b64, {.trans_b = true, .bias = bias ? c64 : Tensor()});
+        const Tensor naive = matmul(a64.to(DType::f32), b64.to(DType::f32),
+                                    {.trans_b = true, .bias = bias ? c64.to(DType::f32) : Tensor()});
+        const Tensor a = a64.to(dt).to(kGpu), b = b64.to(dt).to(kGpu);
+        Tensor out = Tensor::full({m, n}, NAN, dt, kGpu), again = Tensor::full({m, n}, NAN, dt, kGpu);
+        REQUIRE(cuda::sm90_gemm_supported(a, b, out));
+        cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), out);
+        cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), again);
+        const std::string what = "sm90 gemm " + std::string(dtype_name(dt)) + " m" +
+                                 std::to_string(m) + " n" + std::to_string(n) + " k" +
+                                 std::to_string(k) + (bias ? " +bias" : "");
+        check_against_reference(out, ref, naive, dt, what,
+                                {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+        CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+      }
+  // What it does not take goes to cuBLASLt: K % 8 != 0, f32, a misaligned base.
+  const Tensor k7 = Tensor::zeros({4, 7}, DType::bf16, kGpu);
+  CHECK(!cuda::sm90_gemm_supported(k7, k7, Tensor::zeros({4, 4}, DType::bf16, kGpu)));
+  const Tensor f = Tensor::zeros({4, 8}, DType::f32, kGpu);
+  CHECK(!cuda::sm90_gemm_supported(f, f, Tensor::zeros({4, 4}, DType::f32, kGpu)));
+  const Tensor base = Tensor::zeros({4 * 8 + 1}, DType::bf16, kGpu);
+  const Tensor off = base.narrow(0, 1, 32).reshape({4, 8});
+  CHECK(!cuda::sm90_gemm_supported(off, probe.narrow(0, 0, 4), Tensor::zeros({4, 4}, DType::bf16, kGpu)));
+}
+
+
+FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_dropout") {
+  Generator g(72);
+  const Tensor probe = Tensor::zeros({8, 8}, DType::bf16, kGpu);
+  if (!cuda::sm90_gemm_supported(probe, probe, probe)) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
+    return;
+  }
+  const int64_t dims[][3] = {{5, 3, 8}, {129, 257, 72}, {300, 1601, 256}, {512, 4096, 1024}};
+  for (auto& dm : dims)
+    for (DType dt : {DType::bf16, DType::f16})
+      for (Activation act : {Activation::gelu_tanh, Activation::gelu_erf, Activation::silu})
+        for (float p : {0.0f, 0.1f}) {
+          const int64_t m = dm[0], n = dm[1], k = dm[2];
+          const Tensor x = rand64({m, k}, g).to(dt).to(kGpu), w = rand64({n, k}, g).to(dt).to(kGpu);
+          const Tensor b = rand64({n}, g).to(dt).to(kGpu);
+          const DropoutSpec d{p, 1234, 56};
+          Tensor hd = Tensor::full({m, n}, NAN, dt, kGpu), z = Tensor::full({m, n}, NAN, dt, kGpu);
+          cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, act, d, hd, &z);
+          const std::string what = std::string("fc1 epilogue ") + dtype_name(dt) + " " +
+                                   activation_name(act) + " p" + std::to_string(p) + " m" +
+                                   std::to_string(m) + " n" + std::to_string(n);
+          // z is the plain GEMM (bitwise: same kernel, same accumulation).
+          Tensor z_plain = Tensor::full({m, n}, NAN, dt, kGpu);
+          cuda::sm90_gemm_nt(x, w, Tensor(), z_plain);
+          CHECK_MESSAGE(equal_and_written(z, z_plain), what, ": z");
+          // hd is exactly bias_act_dropout of that z: same arithmetic, same mask bits.
+          Tensor hd_ref = Tensor::empty({m, n}, dt, kGpu);
+          bias_act_dropout(z, b, act, d, hd_ref);
+          CHECK_MESSAGE(equal_and_written(hd, hd_ref), what, ": hd");
+          // Without z (recompute in backward) hd is the same.
+          Tensor hd2 = Tensor::full({m, n}, NAN, dt, kGpu);
+          cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, act, d, hd2, nullptr);
+          CHECK_MESSAGE(equal_and_written(hd2, hd), what, ": hd without z");
+        }
 }

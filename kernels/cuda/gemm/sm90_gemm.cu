@@ -1,0 +1,184 @@
+// kernels/cuda/gemm/sm90_gemm.cu — the Hopper GEMM kernel (kernels/cuda/gemm/sm90_gemm.h):
+// composes the mainloop (mainloop.cuh), the tile scheduler and an epilogue, and the host side
+// that builds the TMA tensor maps and launches a persistent grid.
+#include "kernels/cuda/gemm/sm90_gemm.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "kernels/cuda/gemm/epilogue.cuh"
+#include "kernels/cuda/gemm/mainloop.cuh"
+
+namespace ffn::cuda {
+
+namespace gemm {
+namespace {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
+#define FFN_SM90A_CODE 1
+#else
+#define FFN_SM90A_CODE 0
+#endif
+
+template <class T, int BN, int STAGES, class Epi>
+__global__ void __launch_bounds__(384, 1)
+    gemm_nt_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                   TileScheduler sched, int k_blocks, Epi epi) {
+#if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
+  using ML = Mainloop<T, BN, STAGES>;
+  extern __shared__ uint8_t smem_raw[];
+  const ML ml = ML::carve(smem_raw);
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&ta);
+    prefetch_tensor_map(&tb);
+    ml.init_barriers();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    regs_dealloc<40>();
+    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, k_blocks);
+    return;
+  }
+  regs_alloc<232>();
+  const int c = wg - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  int stage = 0;
+  uint32_t phase = 0;
+  float acc[BN / 2];
+  for (int t = blockIdx.x; t < sched.num_tiles(); t += gridDim.x) {
+    int tm, tn;
+    sched.coords(t, tm, tn);
+    ml.consume(acc, c, k_blocks, stage, phase);
+    // The accumulator layout of wgmma.cuh: rows 16·warp + lane/4 (+8), columns
+    // 8·(i/4) + 2·(lane%4) (+1).
+    const int row0 = tm * ML::BM + 64 * c + 16 * warp + lane / 4;
+    const int col0 = tn * BN + 2 * (lane % 4);
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 4) {
+      const int col = col0 + 8 * (i / 4);
+      epi(row0, col, acc[i], acc[i + 1]);
+      epi(row0 + 8, col, acc[i + 2], acc[i + 3]);
+    }
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda needed).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    FFN_CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                    cudaEnableDefault, &q));
+    FFN_CHECK(p && q == cudaDriverEntryPointSuccess,
+              "[sm90_gemm] cuTensorMapEncodeTiled is not available from the driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A row-major [rows, k] matrix, loaded as boxes of box_rows × 64 with 128-byte swizzling.
+CUtensorMap tensor_map(const Tensor& t, int box_rows) {
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)),
+                              static_cast<cuuint64_t>(t.size(0))};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.size(1)) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = encode_fn()(
+      &map, t.dtype() == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      2, const_cast<void*>(t.data_ptr()), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FFN_CHECK(r == CUDA_SUCCESS, "[sm90_gemm] cuTensorMapEncodeTiled failed (", static_cast<int>(r),
+            ") for a ", shape_str(t.shape()), " ", dtype_name(t.dtype()), " operand");
+  return map;
+}
+
+template <class T, int BN, int STAGES, class Epi>
+void launch(const Tensor& a, const Tensor& b, const Epi& epi) {
+  using ML = Mainloop<T, BN, STAGES>;
+  const int dev = a.device().index;
+  DeviceGuard guard(dev);
+  const int m = static_cast<int>(a.size(0)), n = static_cast<int>(b.size(0));
+  const int k = static_cast<int>(a.size(1));
+  const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, BN);
+  const TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN};
+  auto kernel = gemm_nt_kernel<T, BN, STAGES, Epi>;
+  static std::once_flag once[8];
+  std::call_once(once[dev % 8], [&] {
+    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        ML::kSmemBytes));
+  });
+  const int grid = std::min(sched.num_tiles(), properties(dev).multiProcessorCount);
+  kernel<<<grid, 384, ML::kSmemBytes, stream(dev)>>>(ta, tb, sched, (k + ML::BK - 1) / ML::BK,
+                                                     epi);
+  FFN_CHECK_CUDA(cudaGetLastError());
+}
+
+// BN = 256 where N fills it (4 stages of 48 KiB), else BN = 128 (6 stages of 32 KiB).
+template <class T, template <class> class Epi>
+void dispatch_bn(const Tensor& a, const Tensor& b, const Epi<T>& epi) {
+  if (b.size(0) >= 256)
+    launch<T, 256, 4>(a, b, epi);
+  else
+    launch<T, 128, 6>(a, b, epi);
+}
+
+}  // namespace
+}  // namespace gemm
+
+bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (!a.is_cuda() || a.dtype() != b.dtype() || a.dtype() != c.dtype()) return false;
+  if (a.dtype() != DType::bf16 && a.dtype() != DType::f16) return false;
+  const cudaDeviceProp& p = properties(a.device().index);
+  if (p.major != 9 || p.minor != 0) return false;
+  if (a.dim() != 2 || b.dim() != 2 || c.dim() != 2) return false;
+  if (!a.is_contiguous() || !b.is_contiguous() || !c.is_contiguous()) return false;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(0);
+  if (m <= 0 || n <= 0 || k <= 0 || k % 8 != 0 || b.size(1) != k) return false;
+  if (m >= (int64_t{1} << 31) || n >= (int64_t{1} << 31) || m * n >= (int64_t{1} << 62)) return false;
+  for (const void* ptr : {a.data_ptr(), b.data_ptr()})
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  return true;
+}
+
+void sm90_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c) {
+  const int m = static_cast<int>(a.size(0)), n = static_cast<int>(b.size(0));
+  if (a.dtype() == DType::bf16) {
+    using T = __nv_bfloat16;
+    gemm::dispatch_bn<T>(a, b, gemm::StoreC<T>{static_cast<T*>(c.data_ptr()),
+                                               bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
+                                               m, n});
+  } else {
+    using T = __half;
+    gemm::dispatch_bn<T>(a, b, gemm::StoreC<T>{static_cast<T*>(c.data_ptr()),
+                                               bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
+                                               m, n});
+  }
+}
+
+void sm90_gemm_nt_bias_act_dropout(const Tensor& x, const Tensor& w, const Tensor& b,
+                                   Activation act, const DropoutSpec& d, Tensor& hd, Tensor* z) {
+  const int m = static_cast<int>(x.size(0)), n = static_cast<int>(w.size(0));
+  auto run = [&]<class T>() {
+    gemm::dispatch_bn<T>(
+        x, w,
+        gemm::BiasActDropout<T>{static_cast<T*>(hd.data_ptr()),
+                                z ? static_cast<T*>(z->data_ptr()) : nullptr,
+                                b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr, m, n,
+                                act, DeviceMask::from(d)});
+  };
+  if (x.dtype() == DType::bf16)
+    run.template operator()<__nv_bfloat16>();
+  else
+    run.template operator()<__half>();
+}
+
+}  // namespace ffn::cuda
