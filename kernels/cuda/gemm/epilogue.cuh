@@ -1,7 +1,9 @@
-// kernels/cuda/gemm/epilogue.cuh — what the Hopper GEMM does with each accumulator pair
-// before it leaves registers. A consumer hands its epilogue (row, col, v0, v1): the fp32
-// results for C[row][col] and C[row][col + 1] (col even); the epilogue bounds-checks and
-// stores. The FFN's elementwise work lives here, so it costs no extra pass over memory.
+// kernels/cuda/gemm/epilogue.cuh — what the Hopper GEMM does with a consumer's accumulators
+// before they leave registers. epi.tile(acc, row0, col0) gets the fragment of wgmma.cuh's
+// layout: acc[4j + 0/1] are C[row0][col0 + 8j + 0/1], acc[4j + 2/3] the same columns of row
+// row0 + 8 (col0 even, the lane's first column). Epilogues bounds-check and store; the FFN's
+// elementwise work lives here, so it costs no extra pass over memory. All 32 lanes of a warp
+// call tile() together (BiasActDropout shuffles within quads).
 //
 //   StoreC          C = acc (+ bias[col])
 //   BiasActDropout  z = round(acc) (stored if asked), hd = dropout(act(z + b1)): fc1 of the
@@ -15,6 +17,15 @@
 #include "kernels/cuda/rowwise.cuh"  // DeviceMask
 
 namespace ffn::cuda::gemm {
+
+// Where a consumer warpgroup's 64×BN block of the output lies, and its scratch space.
+struct TileCtx {
+  int row0, col0;    // this lane's first row and column (wgmma.cuh's layout)
+  int rows, cols;    // the block's first row and column
+  int wg_thread;     // 0..127 within the consumer warpgroup
+  int barrier;       // named barrier id of the warpgroup
+  uint8_t* scratch;  // kScratchBytes<BN> of shared memory owned by this warpgroup
+};
 
 // Stores a pair: one 4-byte store when both are in range and the row start is aligned.
 template <class T>
@@ -31,18 +42,37 @@ __device__ __forceinline__ void store_pair(T* p, bool second, bool paired, float
   }
 }
 
+// mask_draw without a run-time index into the block (which would put it in local memory).
+__device__ __forceinline__ uint32_t draw_of(const U32x4& r, uint64_t i) {
+  const uint32_t k = static_cast<uint32_t>(i & 7) >> 1;
+  const uint32_t w = k == 0 ? r.v[0] : k == 1 ? r.v[1] : k == 2 ? r.v[2] : r.v[3];
+  return (i & 1) ? w >> 16 : w & 0xffffu;
+}
+
 template <class T>
 struct StoreC {
   T* c;
   const T* bias;  // optional [n]
   int m, n;
 
-  __device__ __forceinline__ void operator()(int row, int col, float v0, float v1) const {
+  template <int BN>
+  static constexpr int kScratchBytes = 0;
+
+  template <int R>
+  __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
+#pragma unroll
+    for (int i = 0; i < R; i += 4) {
+      pair(t.row0, t.col0 + 2 * i, acc[i], acc[i + 1]);
+      pair(t.row0 + 8, t.col0 + 2 * i, acc[i + 2], acc[i + 3]);
+    }
+  }
+
+  __device__ __forceinline__ void pair(int row, int col, float v0, float v1) const {
     if (row >= m || col >= n) return;
     const bool second = col + 1 < n;
     if (bias) {
-      v0 += to_acc(bias[col]);
-      if (second) v1 += to_acc(bias[col + 1]);
+      v0 += to_acc(__ldg(bias + col));
+      if (second) v1 += to_acc(__ldg(bias + col + 1));
     }
     store_pair(c + static_cast<int64_t>(row) * n + col, second, (n & 1) == 0, v0, v1);
   }
@@ -57,30 +87,71 @@ struct BiasActDropout {
   Activation act;
   DeviceMask mask;
 
-  __device__ __forceinline__ void operator()(int row, int col, float v0, float v1) const {
-    if (row >= m || col >= n) return;
-    const bool second = col + 1 < n;
-    const int64_t i0 = static_cast<int64_t>(row) * n + col;
-    // z as stored (rounded to T), then the bias in fp32, as bias_act_dropout reads it.
-    const float z0 = to_acc(from_acc<T>(v0)), z1 = to_acc(from_acc<T>(v1));
-    if (z) store_pair(z + i0, second, (n & 1) == 0, v0, v1);
-    float f[2] = {1.0f, 1.0f};
-    if (mask.active) {
-      // Columns col and col + 1 of one row are elements i0, i0 + 1; with n odd they may
-      // fall into two Philox blocks, so each takes its own block.
-      float g[1];
-      mask.factors<1>(i0, g);
-      f[0] = g[0];
-      if (second) {
-        mask.factors<1>(i0 + 1, g);
-        f[1] = g[0];
-      }
+  // The block rounded to T (z as stored), row pitch BN + 8 elements against bank conflicts.
+  template <int BN>
+  static constexpr int kScratchBytes = 64 * (BN + 8) * 2;
+
+  // Note [Fused FFN epilogue]: the accumulators are rounded to T (z, exactly as the unfused
+  // path stores it) and staged in shared memory; the warpgroup then walks its 64×BN block in
+  // runs of 8 columns: one 16-byte load of z, of the bias, one Philox block for the 8 masks
+  // (element i = row·N + col is drawn from block i / 8, Note [Dropout RNG]), and 16-byte
+  // stores of z and hd. The walk is a rolled loop: the unrolled per-register version ran
+  // out of instruction cache (ncu: over half the stalls were instruction fetch).
+  template <int R>
+  __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
+    constexpr int BN = 2 * R, P = BN + 8;
+    T* st = reinterpret_cast<T*>(t.scratch);
+    const int lr = t.row0 - t.rows, lc = t.col0 - t.cols;  // this lane's place in the block
+#pragma unroll
+    for (int i = 0; i < R; i += 4) {
+      const int c = lc + 2 * i;
+      store_pair(st + lr * P + c, true, true, acc[i], acc[i + 1]);
+      store_pair(st + (lr + 8) * P + c, true, true, acc[i + 2], acc[i + 3]);
     }
-    const float b0 = bias ? to_acc(bias[col]) : 0.0f;
-    const float b1 = bias && second ? to_acc(bias[col + 1]) : 0.0f;
-    const float h0 = act_math::value(z0 + b0, act) * f[0];
-    const float h1 = second ? act_math::value(z1 + b1, act) * f[1] : 0.0f;
-    store_pair(hd + i0, second, (n & 1) == 0, h0, h1);
+    asm volatile("bar.sync %0, 128;\n" ::"r"(t.barrier) : "memory");
+#pragma unroll 1
+    for (int it = t.wg_thread; it < 64 * (BN / 8); it += 128) {
+      const int r = it / (BN / 8), c = 8 * (it % (BN / 8));
+      run8(st + r * P + c, t.rows + r, t.cols + c);
+    }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(t.barrier) : "memory");
+  }
+
+  // Eight consecutive outputs of one row, z8 their rounded GEMM values in shared memory.
+  __device__ __forceinline__ void run8(const T* z8, int row, int col) const {
+    if (row >= m || col >= n) return;
+    const int64_t i0 = static_cast<int64_t>(row) * n + col;
+    const bool full = col + 8 <= n && n % 8 == 0;  // aligned 16-byte runs, one Philox block
+    float zv[8], bv[8], f[8];
+    const uint4 zraw = *reinterpret_cast<const uint4*>(z8);
+    const T* zt = reinterpret_cast<const T*>(&zraw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) zv[j] = to_acc(zt[j]), bv[j] = 0.0f, f[j] = 1.0f;
+    if (full) {
+      if (z) *reinterpret_cast<uint4*>(z + i0) = zraw;
+      if (bias) {
+        const uint4 braw = __ldg(reinterpret_cast<const uint4*>(bias + col));
+        const T* bt = reinterpret_cast<const T*>(&braw);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) bv[j] = to_acc(bt[j]);
+      }
+      mask.factors<8>(i0, f);
+      uint4 out;
+      T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o[j] = from_acc<T>(act_math::value(zv[j] + bv[j], act) * f[j]);
+      *reinterpret_cast<uint4*>(hd + i0) = out;
+      return;
+    }
+    for (int j = 0; j < 8 && col + j < n; ++j) {  // a ragged edge: element by element
+      const uint64_t u = static_cast<uint64_t>(i0 + j);
+      if (z) z[i0 + j] = zt[j];
+      const float b = bias ? to_acc(bias[col + j]) : 0.0f;
+      float g = 1.0f;
+      if (mask.active)
+        g = draw_of(philox_block(mask.keys, mask.offset, u >> 3), u) >= mask.thr ? mask.scale : 0.0f;
+      hd[i0 + j] = from_acc<T>(act_math::value(zv[j] + b, act) * g);
+    }
   }
 };
 

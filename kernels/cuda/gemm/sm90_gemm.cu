@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(384, 1)
   using ML = Mainloop<T, BN, STAGES>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw);
+  uint8_t* scratch = reinterpret_cast<uint8_t*>(ml.empty + STAGES);  // epilogue's, 16B aligned
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&ta);
@@ -57,14 +58,15 @@ __global__ void __launch_bounds__(384, 1)
     ml.consume(acc, c, k_blocks, stage, phase);
     // The accumulator layout of wgmma.cuh: rows 16·warp + lane/4 (+8), columns
     // 8·(i/4) + 2·(lane%4) (+1).
-    const int row0 = tm * ML::BM + 64 * c + 16 * warp + lane / 4;
-    const int col0 = tn * BN + 2 * (lane % 4);
-#pragma unroll
-    for (int i = 0; i < BN / 2; i += 4) {
-      const int col = col0 + 8 * (i / 4);
-      epi(row0, col, acc[i], acc[i + 1]);
-      epi(row0 + 8, col, acc[i + 2], acc[i + 3]);
-    }
+    TileCtx ctx;
+    ctx.rows = tm * ML::BM + 64 * c;
+    ctx.cols = tn * BN;
+    ctx.row0 = ctx.rows + 16 * warp + lane / 4;
+    ctx.col0 = ctx.cols + 2 * (lane % 4);
+    ctx.wg_thread = threadIdx.x - 128 * wg;
+    ctx.barrier = 1 + c;
+    ctx.scratch = scratch + c * Epi::template kScratchBytes<BN>;
+    epi.tile(acc, ctx);
   }
 #endif
 }
@@ -111,24 +113,27 @@ void launch(const Tensor& a, const Tensor& b, const Epi& epi) {
   const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, BN);
   const TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN};
   auto kernel = gemm_nt_kernel<T, BN, STAGES, Epi>;
+  const int smem = ML::kSmemBytes + 2 * Epi::template kScratchBytes<BN>;
   static std::once_flag once[8];
   std::call_once(once[dev % 8], [&] {
-    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        ML::kSmemBytes));
+    FFN_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   });
   const int grid = std::min(sched.num_tiles(), properties(dev).multiProcessorCount);
-  kernel<<<grid, 384, ML::kSmemBytes, stream(dev)>>>(ta, tb, sched, (k + ML::BK - 1) / ML::BK,
+  kernel<<<grid, 384, smem, stream(dev)>>>(ta, tb, sched, (k + ML::BK - 1) / ML::BK,
                                                      epi);
   FFN_CHECK_CUDA(cudaGetLastError());
 }
 
-// BN = 256 where N fills it (4 stages of 48 KiB), else BN = 128 (6 stages of 32 KiB).
+// BN = 256 where N fills it, else BN = 128; as many stages as shared memory leaves after the
+// epilogue's scratch (4 and 6 for StoreC, 3 and 5 for the staged BiasActDropout).
 template <class T, template <class> class Epi>
 void dispatch_bn(const Tensor& a, const Tensor& b, const Epi<T>& epi) {
+  constexpr bool staged = Epi<T>::template kScratchBytes<256> > 0;
   if (b.size(0) >= 256)
-    launch<T, 256, 4>(a, b, epi);
+    launch<T, 256, staged ? 3 : 4>(a, b, epi);
   else
-    launch<T, 128, 6>(a, b, epi);
+    launch<T, 128, staged ? 5 : 6>(a, b, epi);
 }
 
 }  // namespace
@@ -167,6 +172,9 @@ void sm90_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& 
 void sm90_gemm_nt_bias_act_dropout(const Tensor& x, const Tensor& w, const Tensor& b,
                                    Activation act, const DropoutSpec& d, Tensor& hd, Tensor* z) {
   const int m = static_cast<int>(x.size(0)), n = static_cast<int>(w.size(0));
+  for (const Tensor* t : {static_cast<const Tensor*>(&hd), static_cast<const Tensor*>(z), &b})
+    FFN_CHECK(!t || !t->defined() || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
+              "[sm90_gemm] the fused fc1 epilogue needs 16-byte aligned hd, z and bias");
   auto run = [&]<class T>() {
     gemm::dispatch_bn<T>(
         x, w,
