@@ -195,15 +195,22 @@ void gemm_comparison(int device, int warmup, int iters) {
       std::fprintf(stderr, "ffn-bench --gemm: the Hopper GEMM does not run here (needs sm_90)\n");
       return;
     }
+    const double coop = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt(a, b, {}, c, cuda::Sm90Schedule::cooperative);
+    });
+    const double pp = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt(a, b, {}, c, cuda::Sm90Schedule::pingpong);
+    });
     const double ours = median_ms(device, warmup, iters, [&] { cuda::sm90_gemm_nt(a, b, {}, c); });
     const double lt = median_ms(device, warmup, iters, [&] { gemm(a, b, c, {.trans_b = true}); });
     const double fl = 2.0 * static_cast<double>(sh.m) * static_cast<double>(sh.n) *
                       static_cast<double>(sh.k);
     std::printf("{\"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ours_ms\": %.4f, "
                 "\"cublaslt_ms\": %.4f, \"ours_tflops\": %.1f, \"cublaslt_tflops\": %.1f, "
-                "\"ours_over_cublaslt\": %.3f}\n",
+                "\"ours_over_cublaslt\": %.3f, \"cooperative_ms\": %.4f, \"pingpong_ms\": %.4f}\n",
                 sh.name, static_cast<long long>(sh.m), static_cast<long long>(sh.n),
-                static_cast<long long>(sh.k), ours, lt, fl / ours / 1e9, fl / lt / 1e9, ours / lt);
+                static_cast<long long>(sh.k), ours, lt, fl / ours / 1e9, fl / lt / 1e9, ours / lt,
+                coop, pp);
     std::fflush(stdout);
   }
   for (const Shape3& sh : {shapes[1], shapes[3]}) {
@@ -215,14 +222,23 @@ void gemm_comparison(int device, int warmup, int iters) {
     const double fused = median_ms(device, warmup, iters, [&] {
       cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::gelu_tanh, d, hd, &z);
     });
+    const double fused_coop = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::gelu_tanh, d, hd, &z,
+                                          cuda::Sm90Schedule::cooperative);
+    });
+    const double fused_pp = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::gelu_tanh, d, hd, &z,
+                                          cuda::Sm90Schedule::pingpong);
+    });
     const double unfused = median_ms(device, warmup, iters, [&] {
       gemm(x, w, z, {.trans_b = true});
       bias_act_dropout(z, b, Activation::gelu_tanh, d, hd);
     });
     const double bare = median_ms(device, warmup, iters, [&] { gemm(x, w, z, {.trans_b = true}); });
     std::printf("{\"fused_fc1\": \"%s\", \"ours_fused_ms\": %.4f, \"cublaslt_plus_kernel_ms\": "
-                "%.4f, \"cublaslt_gemm_ms\": %.4f, \"fused_over_bare\": %.3f}\n",
-                sh.name, fused, unfused, bare, fused / bare);
+                "%.4f, \"cublaslt_gemm_ms\": %.4f, \"fused_over_bare\": %.3f, "
+                "\"fused_cooperative_ms\": %.4f, \"fused_pingpong_ms\": %.4f}\n",
+                sh.name, fused, unfused, bare, fused / bare, fused_coop, fused_pp);
     std::fflush(stdout);
   }
 }

@@ -109,11 +109,11 @@ void gemm_batched(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
 bool sm90_gemm_supported(const Tensor&, const Tensor&, const Tensor&) {
   return false;
 }
-void sm90_gemm_nt(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+void sm90_gemm_nt(const Tensor&, const Tensor&, const Tensor&, Tensor&, Sm90Schedule) {
   no_cuda("sm90_gemm");
 }
 void sm90_gemm_nt_bias_act_dropout(const Tensor&, const Tensor&, const Tensor&, Activation,
-                                   const DropoutSpec&, Tensor&, Tensor*) {
+                                   const DropoutSpec&, Tensor&, Tensor*, Sm90Schedule) {
   no_cuda("sm90_gemm");
 }
 

@@ -1,6 +1,7 @@
 // tests/kernels/test_gemm.cpp — cuBLASLt/Eigen GEMMs, their epilogues and batched products: the CPU
 // reference against formulas and fp64 finite differences, its argument checks, and the CUDA kernels
 // against the reference (FFN_GPU_TEST cases skip visibly without a GPU).
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/bias_act_dropout.h"
@@ -249,7 +250,7 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference at odd and align
   }
   // (M, N, K): M = 1, odd M and N (tails of the 128-row and 128/256-column tiles), K not a
   // multiple of the 64-wide k-block, N < 256 (BN = 128) and N >= 256 (BN = 256).
-  const int64_t dims[][3] = {{1, 8, 8},      {7, 3, 64},       {129, 257, 72},
+  const int64_t dims[][3] = {{1, 8, 8},        {7, 3, 64},       {129, 257, 72},
                              {1000, 64, 1000}, {64, 4097, 1024}, {300, 1600, 776}};
   for (auto& d : dims)
     for (DType dt : {DType::bf16, DType::f16})
@@ -258,20 +259,51 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference at odd and align
         const Tensor a64 = exact(rand64({m, k}, g), dt), b64 = exact(rand64({n, k}, g), dt);
         const Tensor c64 = exact(rand64({n}, g), dt);
         const Tensor ref = matmul(a64, b64, {.trans_b = true, .bias = bias ? c64 : Tensor()});
-        const Tensor naive = matmul(a64.to(DType::f32), b64.to(DType::f32),
-                                    {.trans_b = true, .bias = bias ? c64.to(DType::f32) : Tensor()});
+        const Tensor naive =
+            matmul(a64.to(DType::f32), b64.to(DType::f32),
+                   {.trans_b = true, .bias = bias ? c64.to(DType::f32) : Tensor()});
         const Tensor a = a64.to(dt).to(kGpu), b = b64.to(dt).to(kGpu);
-        Tensor out = Tensor::full({m, n}, NAN, dt, kGpu), again = Tensor::full({m, n}, NAN, dt, kGpu);
-        REQUIRE(cuda::sm90_gemm_supported(a, b, out));
-        cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), out);
-        cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), again);
-        const std::string what = "sm90 gemm " + std::string(dtype_name(dt)) + " m" +
-                                 std::to_string(m) + " n" + std::to_string(n) + " k" +
-                                 std::to_string(k) + (bias ? " +bias" : "");
-        check_against_reference(out, ref, naive, dt, what,
-                                {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
-        CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+        for (cuda::Sm90Schedule sched :
+             {cuda::Sm90Schedule::cooperative, cuda::Sm90Schedule::pingpong}) {
+          Tensor out = Tensor::full({m, n}, NAN, dt, kGpu),
+                 again = Tensor::full({m, n}, NAN, dt, kGpu);
+          REQUIRE(cuda::sm90_gemm_supported(a, b, out));
+          cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), out, sched);
+          cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), again, sched);
+          const std::string what =
+              "sm90 gemm " + std::string(dtype_name(dt)) + " m" + std::to_string(m) + " n" +
+              std::to_string(n) + " k" + std::to_string(k) + (bias ? " +bias" : "") +
+              (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : " cooperative");
+          check_against_reference(out, ref, naive, dt, what,
+                                  {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+          CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+        }
       }
+  // More tiles than SMs, so CTAs take a second tile (in ping-pong: the second warpgroup's),
+  // and more k-blocks than stages, so the stage ring wraps many times within one tile. With
+  // 9 × 16 tiles of 128 × 128, tiles 132..143 are the CTAs' second ones: row tile 8, the
+  // last 76 rows, which are checked against the reference.
+  {
+    const int64_t m = 1100, n = 2000, k = 4104, r0 = 1024;
+    const Tensor a64 = exact(rand64({m, k}, g), DType::bf16),
+                 b64 = exact(rand64({n, k}, g), DType::bf16);
+    const Tensor tail = a64.narrow(0, r0, m - r0).contiguous();
+    const Tensor ref = matmul(tail, b64, {.trans_b = true});
+    const Tensor naive = matmul(tail.to(DType::f32), b64.to(DType::f32), {.trans_b = true});
+    const Tensor a = a64.to(DType::bf16).to(kGpu), b = b64.to(DType::bf16).to(kGpu);
+    for (cuda::Sm90Schedule sched :
+         {cuda::Sm90Schedule::cooperative, cuda::Sm90Schedule::pingpong}) {
+      Tensor out = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
+      cuda::sm90_gemm_nt(a, b, Tensor(), out, sched);
+      check_against_reference(out.narrow(0, r0, m - r0).contiguous(), ref, naive, DType::bf16,
+                              sched == cuda::Sm90Schedule::pingpong
+                                  ? "sm90 gemm 1100x2000x4104 ping-pong"
+                                  : "sm90 gemm 1100x2000x4104 cooperative",
+                              {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+      const auto all = out.to_vector();
+      CHECK(std::none_of(all.begin(), all.end(), [](double v) { return std::isnan(v); }));
+    }
+  }
   // What it does not take goes to cuBLASLt: K % 8 != 0, f32, a misaligned base.
   const Tensor k7 = Tensor::zeros({4, 7}, DType::bf16, kGpu);
   CHECK(!cuda::sm90_gemm_supported(k7, k7, Tensor::zeros({4, 4}, DType::bf16, kGpu)));
@@ -279,9 +311,9 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference at odd and align
   CHECK(!cuda::sm90_gemm_supported(f, f, Tensor::zeros({4, 4}, DType::f32, kGpu)));
   const Tensor base = Tensor::zeros({4 * 8 + 1}, DType::bf16, kGpu);
   const Tensor off = base.narrow(0, 1, 32).reshape({4, 8});
-  CHECK(!cuda::sm90_gemm_supported(off, probe.narrow(0, 0, 4), Tensor::zeros({4, 4}, DType::bf16, kGpu)));
+  CHECK(!cuda::sm90_gemm_supported(off, probe.narrow(0, 0, 4),
+                                   Tensor::zeros({4, 4}, DType::bf16, kGpu)));
 }
-
 
 FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_dropout") {
   Generator g(72);
@@ -299,14 +331,18 @@ FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_drop
           const Tensor x = rand64({m, k}, g).to(dt).to(kGpu), w = rand64({n, k}, g).to(dt).to(kGpu);
           const Tensor b = rand64({n}, g).to(dt).to(kGpu);
           const DropoutSpec d{p, 1234, 56};
+          // gelu_tanh through the cooperative kernel, the others through ping-pong.
+          const auto sched = act == Activation::gelu_tanh ? cuda::Sm90Schedule::cooperative
+                                                          : cuda::Sm90Schedule::pingpong;
           Tensor hd = Tensor::full({m, n}, NAN, dt, kGpu), z = Tensor::full({m, n}, NAN, dt, kGpu);
-          cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, act, d, hd, &z);
-          const std::string what = std::string("fc1 epilogue ") + dtype_name(dt) + " " +
+          cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, act, d, hd, &z, sched);
+          const std::string what = std::string("fc1 epilogue ") + dtype_name(dt) +
+                                   (sched == cuda::Sm90Schedule::pingpong ? " ping-pong " : " ") +
                                    activation_name(act) + " p" + std::to_string(p) + " m" +
                                    std::to_string(m) + " n" + std::to_string(n);
           // z is the plain GEMM (bitwise: same kernel, same accumulation).
           Tensor z_plain = Tensor::full({m, n}, NAN, dt, kGpu);
-          cuda::sm90_gemm_nt(x, w, Tensor(), z_plain);
+          cuda::sm90_gemm_nt(x, w, Tensor(), z_plain, sched);
           CHECK_MESSAGE(equal_and_written(z, z_plain), what, ": z");
           // hd is exactly bias_act_dropout of that z: same arithmetic, same mask bits.
           Tensor hd_ref = Tensor::empty({m, n}, dt, kGpu);
@@ -314,7 +350,7 @@ FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_drop
           CHECK_MESSAGE(equal_and_written(hd, hd_ref), what, ": hd");
           // Without z (recompute in backward) hd is the same.
           Tensor hd2 = Tensor::full({m, n}, NAN, dt, kGpu);
-          cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, act, d, hd2, nullptr);
+          cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, act, d, hd2, nullptr, sched);
           CHECK_MESSAGE(equal_and_written(hd2, hd), what, ": hd without z");
         }
 }

@@ -55,7 +55,7 @@ struct StoreC {
   const T* bias;  // optional [n]
   int m, n;
 
-  template <int BN>
+  template <int BN, int ROWS>
   static constexpr int kScratchBytes = 0;
 
   template <int R>
@@ -65,6 +65,14 @@ struct StoreC {
       pair(t.row0, t.col0 + 2 * i, acc[i], acc[i + 1]);
       pair(t.row0 + 8, t.col0 + 2 * i, acc[i + 2], acc[i + 3]);
     }
+  }
+  // A 128-row tile held as two 64-row blocks (ping-pong).
+  template <int R>
+  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
+                                        TileCtx t) const {
+    tile(acc0, t);
+    t.rows += 64, t.row0 += 64;
+    tile(acc1, t);
   }
 
   __device__ __forceinline__ void pair(int row, int col, float v0, float v1) const {
@@ -87,30 +95,51 @@ struct BiasActDropout {
   Activation act;
   DeviceMask mask;
 
-  // The block rounded to T (z as stored), row pitch BN + 8 elements against bank conflicts.
-  template <int BN>
-  static constexpr int kScratchBytes = 64 * (BN + 8) * 2;
+  // Room for ROWS rows of the tile rounded to T (z as stored), row pitch BN + 8 elements
+  // against bank conflicts.
+  template <int BN, int ROWS>
+  static constexpr int kScratchBytes = ROWS * (BN + 8) * 2;
 
   // Note [Fused FFN epilogue]: the accumulators are rounded to T (z, exactly as the unfused
-  // path stores it) and staged in shared memory; the warpgroup then walks its 64×BN block in
+  // path stores it) and staged in shared memory; the warpgroup then walks its block in
   // runs of 8 columns: one 16-byte load of z, of the bias, one Philox block for the 8 masks
   // (element i = row·N + col is drawn from block i / 8, Note [Dropout RNG]), and 16-byte
   // stores of z and hd. The walk is a rolled loop: the unrolled per-register version ran
-  // out of instruction cache (ncu: over half the stalls were instruction fetch).
+  // out of instruction cache (ncu: over half the stalls were instruction fetch). Staging
+  // every block before the walk also frees the accumulator registers first.
   template <int R>
   __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
-    constexpr int BN = 2 * R, P = BN + 8;
+    stage(acc, t, 0);
+    walk<2 * R>(t, 64);
+  }
+  template <int R>
+  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
+                                        const TileCtx& t) const {
+    stage(acc0, t, 0);
+    stage(acc1, t, 64);
+    walk<2 * R>(t, 128);
+  }
+
+  template <int R>
+  __device__ __forceinline__ void stage(const float (&acc)[R], const TileCtx& t, int r0) const {
+    constexpr int P = 2 * R + 8;
     T* st = reinterpret_cast<T*>(t.scratch);
-    const int lr = t.row0 - t.rows, lc = t.col0 - t.cols;  // this lane's place in the block
+    const int lr = r0 + t.row0 - t.rows, lc = t.col0 - t.cols;  // this lane's place
 #pragma unroll
     for (int i = 0; i < R; i += 4) {
       const int c = lc + 2 * i;
       store_pair(st + lr * P + c, true, true, acc[i], acc[i + 1]);
       store_pair(st + (lr + 8) * P + c, true, true, acc[i + 2], acc[i + 3]);
     }
+  }
+
+  template <int BN>
+  __device__ __forceinline__ void walk(const TileCtx& t, int rows) const {
+    constexpr int P = BN + 8;
+    const T* st = reinterpret_cast<const T*>(t.scratch);
     asm volatile("bar.sync %0, 128;\n" ::"r"(t.barrier) : "memory");
 #pragma unroll 1
-    for (int it = t.wg_thread; it < 64 * (BN / 8); it += 128) {
+    for (int it = t.wg_thread; it < rows * (BN / 8); it += 128) {
       const int r = it / (BN / 8), c = 8 * (it % (BN / 8));
       run8(st + r * P + c, t.rows + r, t.cols + c);
     }

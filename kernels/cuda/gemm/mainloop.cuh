@@ -23,18 +23,19 @@
 
 namespace ffn::cuda::gemm {
 
-template <class T, int BN_, int STAGES>
+template <class T, int BN_, int STAGES, int ARRIVALS = 8>
 struct Mainloop {
   static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
   static constexpr int kABytes = BM * BK * 2, kBBytes = BN * BK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kConsumerWarps = 8;
+  static constexpr int kConsumerWarps = ARRIVALS;  // warps that release a stage
   // Shared memory: the stages (1024-byte aligned for the 128B swizzle), then the barriers.
-  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;
+  static constexpr int kSmemBytes = kStages * kStageBytes + (2 * kStages + 2) * 8 + 1024;
 
   uint8_t* tiles;  // kStages × (A tile, B tile)
   uint64_t* full;
   uint64_t* empty;
+  uint64_t* order;  // ping-pong: order[w] completes when warpgroup w's mainloop of a tile is done
 
   __device__ static Mainloop carve(uint8_t* smem_raw) {
     Mainloop ml;
@@ -42,6 +43,7 @@ struct Mainloop {
     ml.tiles = smem_raw + ((1024 - (base & 1023)) & 1023);
     ml.full = reinterpret_cast<uint64_t*>(ml.tiles + kStages * kStageBytes);
     ml.empty = ml.full + kStages;
+    ml.order = ml.empty + kStages;
     return ml;
   }
   __device__ uint8_t* a_tile(int s) const { return tiles + s * kStageBytes; }
@@ -52,6 +54,8 @@ struct Mainloop {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], kConsumerWarps);
     }
+    mbar_init(&order[0], 1);
+    mbar_init(&order[1], 1);
     fence_barrier_init();
   }
 
@@ -101,6 +105,48 @@ struct Mainloop {
     fence_accumulators(acc);
     if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
     (void)warp;
+  }
+
+  // Ping-pong (Note [Hopper GEMM ping-pong]): one warpgroup accumulates a whole 128-row tile,
+  // rows [0, 64) in acc0 and [64, 128) in acc1.
+  template <int R>
+  __device__ void consume_tile(float (&acc0)[R], float (&acc1)[R], int k_blocks, int& stage,
+                               uint32_t& phase) const {
+    using Mma = Wgmma<BN, T>;
+    static_assert(Mma::kRegs == R, "accumulator size");
+    const int lane = threadIdx.x % 32;
+    int prev = -1;
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      mbar_wait(&full[stage], phase);
+      const uint64_t da0 = smem_desc_k128(a_tile(stage));
+      const uint64_t da1 = smem_desc_k128(a_tile(stage) + 64 * 128);
+      const uint64_t db = smem_desc_k128(b_tile(stage));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk) {
+        const int scale = (kb > 0 || kk > 0) ? 1 : 0;
+        Mma::mma(acc0, da0 + 2 * kk, db + 2 * kk, scale);
+        Mma::mma(acc1, da1 + 2 * kk, db + 2 * kk, scale);
+      }
+      wgmma_commit();
+      if (prev >= 0) {
+        wgmma_wait<1>();
+        if (lane == 0) mbar_arrive(&empty[prev]);
+      }
+      prev = stage;
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    }
+    wgmma_wait<0>();
+    fence_accumulators(acc0);
+    fence_accumulators(acc1);
+    if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+  }
+
+  // The stages of a tile the other warpgroup consumes.
+  __device__ static void skip(int k_blocks, int& stage, uint32_t& phase) {
+    const int next = stage + k_blocks;
+    phase ^= static_cast<uint32_t>((next / kStages) & 1);
+    stage = next % kStages;
   }
 };
 

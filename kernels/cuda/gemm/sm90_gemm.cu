@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(384, 1)
   using ML = Mainloop<T, BN, STAGES>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw);
-  uint8_t* scratch = reinterpret_cast<uint8_t*>(ml.empty + STAGES);  // epilogue's, 16B aligned
+  uint8_t* scratch = reinterpret_cast<uint8_t*>(ml.order + 2);  // epilogue's, 16B aligned
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&ta);
@@ -65,8 +65,76 @@ __global__ void __launch_bounds__(384, 1)
     ctx.col0 = ctx.cols + 2 * (lane % 4);
     ctx.wg_thread = threadIdx.x - 128 * wg;
     ctx.barrier = 1 + c;
-    ctx.scratch = scratch + c * Epi::template kScratchBytes<BN>;
+    ctx.scratch = scratch + c * Epi::template kScratchBytes<BN, 64>;
     epi.tile(acc, ctx);
+  }
+#endif
+}
+
+// Note [Hopper GEMM ping-pong]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The cooperative kernel above splits each 128-row tile between the two consumer warpgroups,
+// so both run their epilogues at the same time and the tensor cores idle meanwhile. Here each
+// consumer warpgroup owns whole tiles, alternating: the CTA's j-th tile goes to warpgroup
+// j % 2, which skips the other's stages in the ring (Mainloop::skip). The mainloops take
+// turns (Mainloop::order barriers): warpgroup w starts tile j's only after the other has
+// finished tile j - 1's, so while one warpgroup stores a tile, the other's MMAs run. Stages
+// are released by 4 warps (one warpgroup).
+template <class T, int BN, int STAGES, class Epi>
+__global__ void __launch_bounds__(384, 1)
+    gemm_nt_pingpong_kernel(const __grid_constant__ CUtensorMap ta,
+                            const __grid_constant__ CUtensorMap tb, TileScheduler sched,
+                            int k_blocks, Epi epi) {
+#if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
+  using ML = Mainloop<T, BN, STAGES, 4>;
+  extern __shared__ uint8_t smem_raw[];
+  const ML ml = ML::carve(smem_raw);
+  uint8_t* scratch = reinterpret_cast<uint8_t*>(ml.order + 2);
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&ta);
+    prefetch_tensor_map(&tb);
+    ml.init_barriers();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    regs_dealloc<40>();
+    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, k_blocks);
+    return;
+  }
+  regs_alloc<232>();
+  const int w = wg - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  int stage = 0;
+  uint32_t phase = 0;
+  float acc0[BN / 2], acc1[BN / 2];
+  int j = 0;
+  uint32_t order_phase = 0;
+  for (int t = blockIdx.x; t < sched.num_tiles(); t += gridDim.x, ++j) {
+    if ((j & 1) != w) {
+      ML::skip(k_blocks, stage, phase);
+      continue;
+    }
+    int tm, tn;
+    sched.coords(t, tm, tn);
+    // Mainloops take turns: wait until the other warpgroup's mainloop of the previous tile
+    // is done. Only then are this tile's stages at most one phase ahead of their barriers,
+    // which is what parity waits can tell apart.
+    if (j > 0) {
+      mbar_wait(&ml.order[1 - w], order_phase);
+      order_phase ^= 1;
+    }
+    ml.consume_tile(acc0, acc1, k_blocks, stage, phase);
+    if (threadIdx.x % 128 == 0) mbar_arrive(&ml.order[w]);
+    TileCtx ctx;
+    ctx.cols = tn * BN;
+    ctx.col0 = ctx.cols + 2 * (lane % 4);
+    ctx.wg_thread = threadIdx.x - 128 * wg;
+    ctx.barrier = 1 + w;
+    ctx.scratch = scratch + w * Epi::template kScratchBytes<BN, 128>;
+    ctx.rows = tm * ML::BM;
+    ctx.row0 = ctx.rows + 16 * warp + lane / 4;
+    epi.tile2(acc0, acc1, ctx);
   }
 #endif
 }
@@ -103,17 +171,22 @@ CUtensorMap tensor_map(const Tensor& t, int box_rows) {
   return map;
 }
 
-template <class T, int BN, int STAGES, class Epi>
+template <class T, int BN, int STAGES, bool PINGPONG, class Epi>
 void launch(const Tensor& a, const Tensor& b, const Epi& epi) {
-  using ML = Mainloop<T, BN, STAGES>;
+  using ML = Mainloop<T, BN, STAGES, PINGPONG ? 4 : 8>;
   const int dev = a.device().index;
   DeviceGuard guard(dev);
   const int m = static_cast<int>(a.size(0)), n = static_cast<int>(b.size(0));
   const int k = static_cast<int>(a.size(1));
   const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, BN);
   const TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN};
-  auto kernel = gemm_nt_kernel<T, BN, STAGES, Epi>;
-  const int smem = ML::kSmemBytes + 2 * Epi::template kScratchBytes<BN>;
+  auto kernel = [] {
+    if constexpr (PINGPONG)
+      return gemm_nt_pingpong_kernel<T, BN, STAGES, Epi>;
+    else
+      return gemm_nt_kernel<T, BN, STAGES, Epi>;
+  }();
+  const int smem = ML::kSmemBytes + 2 * Epi::template kScratchBytes<BN, PINGPONG ? 128 : 64>;
   static std::once_flag once[8];
   std::call_once(once[dev % 8], [&] {
     FFN_CHECK_CUDA(
@@ -125,15 +198,22 @@ void launch(const Tensor& a, const Tensor& b, const Epi& epi) {
   FFN_CHECK_CUDA(cudaGetLastError());
 }
 
-// BN = 256 where N fills it, else BN = 128; as many stages as shared memory leaves after the
-// epilogue's scratch (4 and 6 for StoreC, 3 and 5 for the staged BiasActDropout).
+// Cooperative: BN = 256 where N fills it, else BN = 128. Ping-pong: BN = 128 (two 64×128
+// accumulator blocks per warpgroup). As many stages as shared memory leaves after the
+// epilogue's scratch (128 rows per warpgroup in ping-pong, 64 in cooperative).
 template <class T, template <class> class Epi>
-void dispatch_bn(const Tensor& a, const Tensor& b, const Epi<T>& epi) {
-  constexpr bool staged = Epi<T>::template kScratchBytes<256> > 0;
-  if (b.size(0) >= 256)
-    launch<T, 256, staged ? 3 : 4>(a, b, epi);
+void dispatch(const Tensor& a, const Tensor& b, const Epi<T>& epi, Sm90Schedule schedule) {
+  constexpr bool staged = Epi<T>::template kScratchBytes<256, 64> > 0;
+  // Measured (bench/RESULTS.md, session 6): ping-pong wins for the staged fc1 epilogue at
+  // both FFN shapes, and is mixed for plain stores (BN = 128 costs at long K).
+  if (schedule == Sm90Schedule::automatic)
+    schedule = staged ? Sm90Schedule::pingpong : Sm90Schedule::cooperative;
+  if (schedule == Sm90Schedule::pingpong)
+    launch<T, 128, staged ? 4 : 6, true>(a, b, epi);
+  else if (b.size(0) >= 256)
+    launch<T, 256, staged ? 3 : 4, false>(a, b, epi);
   else
-    launch<T, 128, staged ? 5 : 6>(a, b, epi);
+    launch<T, 128, staged ? 5 : 6, false>(a, b, epi);
 }
 
 }  // namespace
@@ -154,34 +234,37 @@ bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c) {
   return true;
 }
 
-void sm90_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c) {
+void sm90_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c,
+                  Sm90Schedule schedule) {
   const int m = static_cast<int>(a.size(0)), n = static_cast<int>(b.size(0));
   if (a.dtype() == DType::bf16) {
     using T = __nv_bfloat16;
-    gemm::dispatch_bn<T>(a, b, gemm::StoreC<T>{static_cast<T*>(c.data_ptr()),
+    gemm::dispatch<T>(a, b, gemm::StoreC<T>{static_cast<T*>(c.data_ptr()),
                                                bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
-                                               m, n});
+                                               m, n}, schedule);
   } else {
     using T = __half;
-    gemm::dispatch_bn<T>(a, b, gemm::StoreC<T>{static_cast<T*>(c.data_ptr()),
+    gemm::dispatch<T>(a, b, gemm::StoreC<T>{static_cast<T*>(c.data_ptr()),
                                                bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr,
-                                               m, n});
+                                               m, n}, schedule);
   }
 }
 
 void sm90_gemm_nt_bias_act_dropout(const Tensor& x, const Tensor& w, const Tensor& b,
-                                   Activation act, const DropoutSpec& d, Tensor& hd, Tensor* z) {
+                                   Activation act, const DropoutSpec& d, Tensor& hd, Tensor* z,
+                                   Sm90Schedule schedule) {
   const int m = static_cast<int>(x.size(0)), n = static_cast<int>(w.size(0));
   for (const Tensor* t : {static_cast<const Tensor*>(&hd), static_cast<const Tensor*>(z), &b})
     FFN_CHECK(!t || !t->defined() || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
               "[sm90_gemm] the fused fc1 epilogue needs 16-byte aligned hd, z and bias");
   auto run = [&]<class T>() {
-    gemm::dispatch_bn<T>(
+    gemm::dispatch<T>(
         x, w,
         gemm::BiasActDropout<T>{static_cast<T*>(hd.data_ptr()),
                                 z ? static_cast<T*>(z->data_ptr()) : nullptr,
                                 b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr, m, n,
-                                act, DeviceMask::from(d)});
+                                act, DeviceMask::from(d)},
+        schedule);
   };
   if (x.dtype() == DType::bf16)
     run.template operator()<__nv_bfloat16>();

@@ -5,6 +5,8 @@
 // ask sm90_gemm_supported() first. Plain C++: no CUDA header needed to include it.
 #pragma once
 
+#include <cstdint>
+
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "kernels/activation.h"
@@ -15,12 +17,19 @@ namespace ffn::cuda {
 // bf16/f16, contiguous, 16-byte aligned rows (K % 8 == 0) and base pointers, M, N, K > 0.
 bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c);
 
+// How consumer warpgroups share tiles: cooperative (both on one 128-row tile; Note [Hopper
+// GEMM pipeline]) or ping-pong (one tile each, alternating; Note [Hopper GEMM ping-pong]).
+// automatic: ping-pong for the fused fc1 epilogue, cooperative for plain stores (measured).
+enum class Sm90Schedule : uint8_t { automatic, cooperative, pingpong };
+
 // c = a·bᵀ (+ bias[N]).
-void sm90_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c);
+void sm90_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c,
+                  Sm90Schedule schedule = Sm90Schedule::automatic);
 
 // fc1 of the plain FFN in one kernel: z = x·wᵀ (stored when z is given), hd =
 // dropout(act(z + b)) with exactly bias_act_dropout's arithmetic and mask.
 void sm90_gemm_nt_bias_act_dropout(const Tensor& x, const Tensor& w, const Tensor& b,
-                                   Activation act, const DropoutSpec& d, Tensor& hd, Tensor* z);
+                                   Activation act, const DropoutSpec& d, Tensor& hd, Tensor* z,
+                                   Sm90Schedule schedule = Sm90Schedule::automatic);
 
 }  // namespace ffn::cuda
