@@ -25,6 +25,28 @@ namespace {
 #define FFN_SM90A_CODE 0
 #endif
 
+// Both schedules start alike: barriers set up, then warpgroup 0 gives its registers away and
+// becomes the producer (one thread issues every TMA load; returns false), and the consumer
+// warpgroups take theirs (setmaxnreg; HOPPER.md).
+template <class ML>
+__device__ __forceinline__ bool enter_consumer(const ML& ml, const CUtensorMap* ta,
+                                               const CUtensorMap* tb, const TileScheduler& sched,
+                                               int k_blocks) {
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(ta);
+    prefetch_tensor_map(tb);
+    ml.init_barriers();
+  }
+  __syncthreads();
+  if (threadIdx.x / 128 == 0) {
+    regs_dealloc<40>();
+    if (threadIdx.x == 0) ml.produce(ta, tb, sched, k_blocks);
+    return false;
+  }
+  regs_alloc<232>();
+  return true;
+}
+
 template <class T, int BN, int STAGES, class Epi>
 __global__ void __launch_bounds__(384, 1)
     gemm_nt_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
@@ -34,19 +56,8 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw);
   uint8_t* scratch = reinterpret_cast<uint8_t*>(ml.order + 2);  // epilogue's, 16B aligned
+  if (!enter_consumer(ml, &ta, &tb, sched, k_blocks)) return;
   const int wg = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    prefetch_tensor_map(&ta);
-    prefetch_tensor_map(&tb);
-    ml.init_barriers();
-  }
-  __syncthreads();
-  if (wg == 0) {
-    regs_dealloc<40>();
-    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, k_blocks);
-    return;
-  }
-  regs_alloc<232>();
   const int c = wg - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   int stage = 0;
@@ -90,19 +101,8 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw);
   uint8_t* scratch = reinterpret_cast<uint8_t*>(ml.order + 2);
+  if (!enter_consumer(ml, &ta, &tb, sched, k_blocks)) return;
   const int wg = threadIdx.x / 128;
-  if (threadIdx.x == 0) {
-    prefetch_tensor_map(&ta);
-    prefetch_tensor_map(&tb);
-    ml.init_barriers();
-  }
-  __syncthreads();
-  if (wg == 0) {
-    regs_dealloc<40>();
-    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, k_blocks);
-    return;
-  }
-  regs_alloc<232>();
   const int w = wg - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   int stage = 0;
