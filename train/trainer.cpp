@@ -43,7 +43,6 @@ std::string device_label(Device dev) {
   return "CPU (" + std::to_string(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))) + " cores)";
 }
 
-
 // Mean loss over `iters` fixed batches of a split (eval mode, no graph). With several ranks
 // each evaluates its rows of every batch and the means are averaged.
 double estimate_loss(GPT& model, const std::vector<int32_t>& tokens, const Config& c,
@@ -416,9 +415,9 @@ void Trainer::finish_step(int64_t done, double lr) {
   if (eval_now || ckpt_now) s.progress->restart_clock();  // steps exclude evals and saves
 }
 
-// Queues one step's forward, backward and optimizer update. Returns whether its outcome
-// must be waited for now (else it is finished after the next step is queued).
-bool Trainer::step(int64_t it) {
+// Queues one step's forward, backward and optimizer update; finishes it at once or after
+// the next step is queued.
+void Trainer::step(int64_t it) {
   State& s = *s_;
   const Config& c = s.cfg;
   const double lr = lr_at(c.train.schedule, it, c.train.lr, c.train.min_lr, c.train.warmup,
@@ -460,7 +459,6 @@ bool Trainer::step(int64_t it) {
     finish_step(done, lr);
   else
     s.pending = std::make_pair(done, lr);
-  return now;
 }
 
 TrainResult Trainer::run() {

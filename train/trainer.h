@@ -69,7 +69,7 @@ class Trainer {
   void build();
   void restore();
   void announce() const;
-  bool step(int64_t it);
+  void step(int64_t it);
   void finish_step(int64_t done, double lr);
   void evaluate(int64_t done);
   std::string checkpoint(int64_t done);
