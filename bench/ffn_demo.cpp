@@ -43,11 +43,7 @@ double eval_loss(FeedForward& student, FeedForward& teacher, const Tensor& x) {
 }
 
 int run(const Options& o) {
-  const auto req = DeviceRequest::try_parse(o.device);
-  if (!req)
-    throw Error("[config] --device: expected auto, cpu, cuda or cuda:N, got '" + o.device + "'",
-                ErrorKind::config);
-  const Device dev = resolve_device(*req, "--device");
+  const Device dev = resolve_device_spec(o.device, "--device");
   const DType dt = parse_dtype(o.dtype);
   if (is_half(dt) && dev.is_cpu())
     throw Error("[ffn-demo] --dtype " + o.dtype + " needs a GPU (the CPU path computes in f32/f64)",

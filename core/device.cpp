@@ -90,6 +90,14 @@ uint64_t device_memory_bytes(Device d) {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
+Device resolve_device_spec(const std::string& spec, const std::string& what) {
+  const auto r = DeviceRequest::try_parse(spec);
+  if (!r)
+    throw Error("[config] " + what + ": expected auto, cpu, cuda or cuda:N, got '" + spec + "'",
+                ErrorKind::config);
+  return resolve_device(*r, what);
+}
+
 std::string cuda_unavailable_reason() {
 #if FFN_WITH_CUDA
   int n = 0;

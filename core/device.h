@@ -35,6 +35,8 @@ struct DeviceRequest {
 // asked for but not usable is a config error whose message starts with `what`
 // (e.g. "runtime.device", "--device").
 Device resolve_device(const DeviceRequest& r, const std::string& what);
+// The same from the user's text (a command-line flag); malformed text is a config error too.
+Device resolve_device_spec(const std::string& spec, const std::string& what);
 
 // True when fused-ffn was compiled with its CUDA backend.
 bool built_with_cuda();

@@ -105,16 +105,24 @@ TEST_CASE("config: choice keys are parsed once into enums, with one FfnKind -> a
                       "runtime.precision: \"bf16\" needs a GPU");
   expect_config_error("[runtime]\ndevice = \"gpu0\"\n", {}, "runtime.device: expected");
   expect_config_error("[runtime]\ndevice = 3\n", {}, "runtime.device: expected");
-  expect_config_error("[train]\nschedule = \"step\"\n", {},
-                      "train.schedule: expected one of \"constant\", \"linear\", \"cosine\", got \"step\"");
+  expect_config_error(
+      "[train]\nschedule = \"step\"\n", {},
+      "train.schedule: expected one of \"constant\", \"linear\", \"cosine\", got \"step\"");
   // Note [Dropout probability]: one range, [0, 1], here as in the layers and kernels.
   CHECK(Config::parse("", "t.toml", {"model.dropout=1.0"}).model.dropout == 1.0);
-  expect_config_error("", {"model.dropout=1.5"}, "model.dropout: expected a number in [0, 1], got 1.5");
+  expect_config_error("", {"model.dropout=1.5"},
+                      "model.dropout: expected a number in [0, 1], got 1.5");
   // Devices: "auto" is decided in one place; a GPU that is not there is named.
+  CHECK_THROWS_WITH_AS(
+      resolve_device_spec("gpu0", "--device"),
+      doctest::Contains("[config] --device: expected auto, cpu, cuda or cuda:N, got 'gpu0'"),
+      Error);
   if (cuda_device_count() == 0) {
     CHECK(resolve_device({}, "runtime.device") == Device::cpu());
     CHECK_THROWS_WITH_AS(resolve_device({Device::cuda(0)}, "runtime.device"),
-                         doctest::Contains("[config] runtime.device: \"cuda:0\" requested but"), Error);
+                         doctest::Contains("[config] runtime.device: \"cuda:0\" requested but"),
+                         Error);
+    CHECK(resolve_device_spec("cpu", "--device") == Device::cpu());
   }
 }
 

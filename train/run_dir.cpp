@@ -58,10 +58,9 @@ RunLock::RunLock(const std::string& run_dir) {
                 ", holding '", path, "'); wait for it to finish, stop it, or use another run.dir");
     FFN_THROW("[run] cannot lock '", path, "': ", std::strerror(err));
   }
+  // Best effort: the lock is held either way; the pid is only what a second process shows.
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
-    // The lock itself is held; only the pid shown to a second process is missing.
-  }
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, pid.data(), pid.size(), 0);
 }
 
 RunLock::~RunLock() {

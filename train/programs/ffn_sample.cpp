@@ -95,11 +95,7 @@ int main(int argc, char** argv) {
       throw Error("[ffn-sample] '" + dir + "' was trained on token files; sampling text needs a "
                   "character-level run (data.kind = \"text\" or \"synthetic\")",
                   ErrorKind::config);
-    const auto req = DeviceRequest::try_parse(device);
-    if (!req)
-      throw Error("[config] --device: expected auto, cpu, cuda or cuda:N, got '" + device + "'",
-                  ErrorKind::config);
-    const Device dev = resolve_device(*req, "--device");
+    const Device dev = resolve_device_spec(device, "--device");
     const int64_t vocab =
         cfg.model.vocab_size ? cfg.model.vocab_size : static_cast<int64_t>(st.vocab.size());
     GptConfig g = train::gpt_config(cfg, vocab, dev,
