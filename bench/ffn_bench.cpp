@@ -170,14 +170,16 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 
 }  // namespace
 
-// Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned) on the x·Wᵀ products of
-// the DESIGN.md workloads and GPT-2 124M (B·T = 16384), one JSON line per shape; then the
-// fused fc1 (GEMM + bias + GELU + dropout in the epilogue) against cuBLASLt + bias_act_dropout.
+// Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned) on the products of the
+// DESIGN.md workloads and GPT-2 124M (B·T = 16384), one JSON line per product: each Linear's
+// forward x·Wᵀ ("fwd", NT), its input gradient dy·W ("dgrad", NN) and its weight gradient
+// dyᵀ·x ("wgrad", TN); then the fused fc1 (GEMM + bias + GELU + dropout in the epilogue)
+// against cuBLASLt + bias_act_dropout.
 void gemm_comparison(int device, int warmup, int iters) {
   const Device dev = Device::cuda(device);
   struct Shape3 {
     const char* name;
-    int64_t m, n, k;
+    int64_t m, n, k;  // tokens, out features, in features
   };
   const Shape3 shapes[] = {
       {"welder_fc2", 2048, 4096, 16384},  {"ffn_d1024.fc1", 16384, 4096, 1024},
@@ -188,30 +190,50 @@ void gemm_comparison(int device, int warmup, int iters) {
       {"gpt2.fc2", 16384, 768, 3072},       {"gpt2.lm_head", 16384, 50304, 768}};
   Generator g(31);
   for (const Shape3& sh : shapes) {
-    const Tensor a = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);
-    const Tensor b = Tensor::randn({sh.n, sh.k}, g, DType::bf16, dev);
-    Tensor c = Tensor::empty({sh.m, sh.n}, DType::bf16, dev);
-    if (!cuda::sm90_gemm_supported(a, b, c)) {
-      std::fprintf(stderr, "ffn-bench --gemm: the Hopper GEMM does not run here (needs sm_90)\n");
-      return;
+    const Tensor x = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);
+    const Tensor w = Tensor::randn({sh.n, sh.k}, g, DType::bf16, dev);
+    const Tensor dy = Tensor::randn({sh.m, sh.n}, g, DType::bf16, dev);
+    Tensor y = Tensor::empty({sh.m, sh.n}, DType::bf16, dev);
+    Tensor dx = Tensor::empty({sh.m, sh.k}, DType::bf16, dev);
+    Tensor dw = Tensor::empty({sh.n, sh.k}, DType::bf16, dev);
+    struct Product {
+      const char* pass;
+      const Tensor& a;
+      const Tensor& b;
+      Tensor& c;
+      bool ta, tb;
+    };
+    for (const Product& p : {Product{"fwd", x, w, y, false, true},
+                             Product{"dgrad", dy, w, dx, false, false},
+                             Product{"wgrad", dy, x, dw, true, false}}) {
+      if (!cuda::sm90_gemm_supported(p.a, p.b, p.c, p.ta, p.tb)) {
+        std::fprintf(stderr, "ffn-bench --gemm: the Hopper GEMM does not run here (needs sm_90)\n");
+        return;
+      }
+      auto ours = [&](cuda::Sm90Schedule s, bool tma) {
+        return median_ms(device, warmup, iters, [&] {
+          cuda::sm90_gemm(p.a, p.b, p.c,
+                          {.trans_a = p.ta, .trans_b = p.tb, .schedule = s, .tma_store = tma});
+        });
+      };
+      const double coop = ours(cuda::Sm90Schedule::cooperative, true);
+      const double pp = ours(cuda::Sm90Schedule::pingpong, true);
+      const double coop_regs = ours(cuda::Sm90Schedule::cooperative, false);
+      const double best = ours(cuda::Sm90Schedule::automatic, true);
+      const double lt = median_ms(device, warmup, iters,
+                                  [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); });
+      const int64_t m = p.c.size(0), n = p.c.size(1), k = p.ta ? p.a.size(0) : p.a.size(1);
+      const double fl = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+      std::printf("{\"gemm\": \"%s.%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+                  "\"ours_ms\": %.4f, \"cublaslt_ms\": %.4f, \"ours_tflops\": %.1f, "
+                  "\"cublaslt_tflops\": %.1f, \"ours_over_cublaslt\": %.3f, "
+                  "\"cooperative_ms\": %.4f, \"pingpong_ms\": %.4f, "
+                  "\"cooperative_register_store_ms\": %.4f}\n",
+                  sh.name, p.pass, static_cast<long long>(m), static_cast<long long>(n),
+                  static_cast<long long>(k), best, lt, fl / best / 1e9, fl / lt / 1e9, best / lt,
+                  coop, pp, coop_regs);
+      std::fflush(stdout);
     }
-    const double coop = median_ms(device, warmup, iters, [&] {
-      cuda::sm90_gemm_nt(a, b, {}, c, cuda::Sm90Schedule::cooperative);
-    });
-    const double pp = median_ms(device, warmup, iters, [&] {
-      cuda::sm90_gemm_nt(a, b, {}, c, cuda::Sm90Schedule::pingpong);
-    });
-    const double ours = median_ms(device, warmup, iters, [&] { cuda::sm90_gemm_nt(a, b, {}, c); });
-    const double lt = median_ms(device, warmup, iters, [&] { gemm(a, b, c, {.trans_b = true}); });
-    const double fl = 2.0 * static_cast<double>(sh.m) * static_cast<double>(sh.n) *
-                      static_cast<double>(sh.k);
-    std::printf("{\"gemm\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"ours_ms\": %.4f, "
-                "\"cublaslt_ms\": %.4f, \"ours_tflops\": %.1f, \"cublaslt_tflops\": %.1f, "
-                "\"ours_over_cublaslt\": %.3f, \"cooperative_ms\": %.4f, \"pingpong_ms\": %.4f}\n",
-                sh.name, static_cast<long long>(sh.m), static_cast<long long>(sh.n),
-                static_cast<long long>(sh.k), ours, lt, fl / ours / 1e9, fl / lt / 1e9, ours / lt,
-                coop, pp);
-    std::fflush(stdout);
   }
   for (const Shape3& sh : {shapes[1], shapes[3]}) {
     const Tensor x = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);

@@ -106,10 +106,10 @@ void gemm_batched(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
   no_cuda("bmm");
 }
 
-bool sm90_gemm_supported(const Tensor&, const Tensor&, const Tensor&) {
+bool sm90_gemm_supported(const Tensor&, const Tensor&, const Tensor&, bool, bool) {
   return false;
 }
-void sm90_gemm_nt(const Tensor&, const Tensor&, const Tensor&, Tensor&, Sm90Schedule) {
+void sm90_gemm(const Tensor&, const Tensor&, Tensor&, const Sm90GemmArgs&) {
   no_cuda("sm90_gemm");
 }
 void sm90_gemm_nt_bias_act_dropout(const Tensor&, const Tensor&, const Tensor&, Activation,

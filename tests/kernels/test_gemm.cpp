@@ -238,45 +238,76 @@ bool equal_and_written(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-// fused-ffn's own Hopper GEMM (kernels/cuda/gemm/): C = A·Bᵀ (+ bias) against the f64 CPU
-// reference by the low-precision rule, every element written (the output is poisoned with
-// NaN first), two runs bitwise equal; and the fused fc1 epilogue against the unfused path.
-FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference at odd and aligned shapes") {
-  Generator g(71);
+// fused-ffn's own Hopper GEMM (kernels/cuda/gemm/): C = op(A)·op(B) (+ bias) in every layout
+// against the f64 CPU reference by the low-precision rule, every element written (the output
+// is poisoned with NaN first), two runs bitwise equal; and the fused fc1 epilogue against the
+// unfused path.
+namespace {
+bool sm90_here() {
   const Tensor probe = Tensor::zeros({8, 8}, DType::bf16, kGpu);
-  if (!cuda::sm90_gemm_supported(probe, probe, probe)) {
+  return cuda::sm90_gemm_supported(probe, probe, probe, false, true);
+}
+const char* layout_name(bool ta, bool tb) {
+  return ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN");
+}
+}  // namespace
+
+FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference in every layout at odd shapes") {
+  Generator g(71);
+  if (!sm90_here()) {
     MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
     return;
   }
-  // (M, N, K): M = 1, odd M and N (tails of the 128-row and 128/256-column tiles), K not a
-  // multiple of the 64-wide k-block, N < 256 (BN = 128) and N >= 256 (BN = 256).
-  const int64_t dims[][3] = {{1, 8, 8},        {7, 3, 64},       {129, 257, 72},
-                             {1000, 64, 1000}, {64, 4097, 1024}, {300, 1600, 776}};
+  // (M, N, K): M = 1, odd M, N and K (tails of the 128-row and 128/256-column tiles and of
+  // the 64-wide k-block), N < 256 (BN = 128) and N >= 256 (BN = 256). A layout runs a shape
+  // when its operands' rows are multiples of 8 elements (TMA); the others must be refused.
+  const int64_t dims[][3] = {{1, 8, 8},      {7, 3, 64},       {129, 257, 72},  {136, 264, 1001},
+                             {1000, 64, 1000}, {64, 4097, 136}, {300, 1600, 776}, {8, 16, 7}};
   for (auto& d : dims)
-    for (DType dt : {DType::bf16, DType::f16})
-      for (bool bias : {false, true}) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
         const int64_t m = d[0], n = d[1], k = d[2];
-        const Tensor a64 = exact(rand64({m, k}, g), dt), b64 = exact(rand64({n, k}, g), dt);
-        const Tensor c64 = exact(rand64({n}, g), dt);
-        const Tensor ref = matmul(a64, b64, {.trans_b = true, .bias = bias ? c64 : Tensor()});
-        const Tensor naive =
-            matmul(a64.to(DType::f32), b64.to(DType::f32),
-                   {.trans_b = true, .bias = bias ? c64.to(DType::f32) : Tensor()});
-        const Tensor a = a64.to(dt).to(kGpu), b = b64.to(dt).to(kGpu);
-        for (cuda::Sm90Schedule sched :
-             {cuda::Sm90Schedule::cooperative, cuda::Sm90Schedule::pingpong}) {
-          Tensor out = Tensor::full({m, n}, NAN, dt, kGpu),
-                 again = Tensor::full({m, n}, NAN, dt, kGpu);
-          REQUIRE(cuda::sm90_gemm_supported(a, b, out));
-          cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), out, sched);
-          cuda::sm90_gemm_nt(a, b, bias ? c64.to(dt).to(kGpu) : Tensor(), again, sched);
-          const std::string what =
-              "sm90 gemm " + std::string(dtype_name(dt)) + " m" + std::to_string(m) + " n" +
-              std::to_string(n) + " k" + std::to_string(k) + (bias ? " +bias" : "") +
-              (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : " cooperative");
-          check_against_reference(out, ref, naive, dt, what,
-                                  {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
-          CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+        const std::vector<int64_t> sa = ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k};
+        const std::vector<int64_t> sb = tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
+        const bool runs = sa[1] % 8 == 0 && sb[1] % 8 == 0;
+        for (DType dt : {DType::bf16, DType::f16}) {
+          const Tensor a64 = exact(rand64(sa, g), dt), b64 = exact(rand64(sb, g), dt);
+          const Tensor a = a64.to(dt).to(kGpu), b = b64.to(dt).to(kGpu);
+          const std::string shape = std::string("sm90 gemm ") + layout_name(ta, tb) + " " +
+                                    dtype_name(dt) + " m" + std::to_string(m) + " n" +
+                                    std::to_string(n) + " k" + std::to_string(k);
+          CHECK_MESSAGE(cuda::sm90_gemm_supported(a, b, Tensor::empty({m, n}, dt, kGpu), ta, tb) ==
+                            runs,
+                        shape, ": supported() disagrees with the row rule");
+          if (!runs) continue;
+          for (bool bias : {false, true}) {
+            const Tensor c64 = exact(rand64({n}, g), dt);
+            const Tensor ref =
+                matmul(a64, b64, {.trans_a = ta, .trans_b = tb, .bias = bias ? c64 : Tensor()});
+            const Tensor naive =
+                matmul(a64.to(DType::f32), b64.to(DType::f32),
+                       {.trans_a = ta, .trans_b = tb, .bias = bias ? c64.to(DType::f32) : Tensor()});
+            for (cuda::Sm90Schedule sched :
+                 {cuda::Sm90Schedule::cooperative, cuda::Sm90Schedule::pingpong})
+              for (bool tma : {true, false}) {
+                const cuda::Sm90GemmArgs args{.trans_a = ta,
+                                              .trans_b = tb,
+                                              .bias = bias ? c64.to(dt).to(kGpu) : Tensor(),
+                                              .schedule = sched,
+                                              .tma_store = tma};
+                Tensor out = Tensor::full({m, n}, NAN, dt, kGpu),
+                       again = Tensor::full({m, n}, NAN, dt, kGpu);
+                cuda::sm90_gemm(a, b, out, args);
+                cuda::sm90_gemm(a, b, again, args);
+                const std::string what =
+                    shape + (bias ? " +bias" : "") +
+                    (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : " cooperative") +
+                    (tma ? " tma-store" : " register-store");
+                check_against_reference(out, ref, naive, dt, what,
+                                        {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+                CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+              }
+          }
         }
       }
   // More tiles than SMs, so CTAs take a second tile (in ping-pong: the second warpgroup's),
@@ -294,7 +325,7 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference at odd and align
     for (cuda::Sm90Schedule sched :
          {cuda::Sm90Schedule::cooperative, cuda::Sm90Schedule::pingpong}) {
       Tensor out = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
-      cuda::sm90_gemm_nt(a, b, Tensor(), out, sched);
+      cuda::sm90_gemm(a, b, out, {.trans_b = true, .schedule = sched});
       check_against_reference(out.narrow(0, r0, m - r0).contiguous(), ref, naive, DType::bf16,
                               sched == cuda::Sm90Schedule::pingpong
                                   ? "sm90 gemm 1100x2000x4104 ping-pong"
@@ -304,21 +335,25 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference at odd and align
       CHECK(std::none_of(all.begin(), all.end(), [](double v) { return std::isnan(v); }));
     }
   }
-  // What it does not take goes to cuBLASLt: K % 8 != 0, f32, a misaligned base.
+  // What it does not take goes to cuBLASLt: K % 8 != 0, f32, a misaligned base, shapes that
+  // disagree; and sm90_gemm itself refuses them by name.
+  const Tensor probe = Tensor::zeros({8, 8}, DType::bf16, kGpu);
   const Tensor k7 = Tensor::zeros({4, 7}, DType::bf16, kGpu);
-  CHECK(!cuda::sm90_gemm_supported(k7, k7, Tensor::zeros({4, 4}, DType::bf16, kGpu)));
+  CHECK(!cuda::sm90_gemm_supported(k7, k7, Tensor::zeros({4, 4}, DType::bf16, kGpu), false, true));
   const Tensor f = Tensor::zeros({4, 8}, DType::f32, kGpu);
-  CHECK(!cuda::sm90_gemm_supported(f, f, Tensor::zeros({4, 4}, DType::f32, kGpu)));
+  CHECK(!cuda::sm90_gemm_supported(f, f, Tensor::zeros({4, 4}, DType::f32, kGpu), false, true));
   const Tensor base = Tensor::zeros({4 * 8 + 1}, DType::bf16, kGpu);
   const Tensor off = base.narrow(0, 1, 32).reshape({4, 8});
-  CHECK(!cuda::sm90_gemm_supported(off, probe.narrow(0, 0, 4),
-                                   Tensor::zeros({4, 4}, DType::bf16, kGpu)));
+  Tensor c44 = Tensor::zeros({4, 4}, DType::bf16, kGpu);
+  CHECK(!cuda::sm90_gemm_supported(off, probe.narrow(0, 0, 4), c44, false, true));
+  CHECK(!cuda::sm90_gemm_supported(probe, probe, c44, false, true));
+  CHECK_THROWS_WITH(cuda::sm90_gemm(probe, probe, c44, {.trans_b = true}),
+                    doctest::Contains("[sm90_gemm] cannot run a [8, 8] bf16"));
 }
 
 FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_dropout") {
   Generator g(72);
-  const Tensor probe = Tensor::zeros({8, 8}, DType::bf16, kGpu);
-  if (!cuda::sm90_gemm_supported(probe, probe, probe)) {
+  if (!sm90_here()) {
     MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
     return;
   }
@@ -342,7 +377,7 @@ FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_drop
                                    std::to_string(m) + " n" + std::to_string(n);
           // z is the plain GEMM (bitwise: same kernel, same accumulation).
           Tensor z_plain = Tensor::full({m, n}, NAN, dt, kGpu);
-          cuda::sm90_gemm_nt(x, w, Tensor(), z_plain, sched);
+          cuda::sm90_gemm(x, w, z_plain, {.trans_b = true, .schedule = sched});
           CHECK_MESSAGE(equal_and_written(z, z_plain), what, ": z");
           // hd is exactly bias_act_dropout of that z: same arithmetic, same mask bits.
           Tensor hd_ref = Tensor::empty({m, n}, dt, kGpu);

@@ -5,7 +5,9 @@
 // elementwise work lives here, so it costs no extra pass over memory. All 32 lanes of a warp
 // call tile() together (BiasActDropout shuffles within quads).
 //
-//   StoreC          C = acc (+ bias[col])
+//   StoreC          C = acc (+ bias[col]), stored from registers (any N)
+//   StoreCTma       the same through shared memory and TMA stores (N % 8 == 0): the stores
+//                   run asynchronously while the warpgroup goes on to its next tile
 //   BiasActDropout  z = round(acc) (stored if asked), hd = dropout(act(z + b1)): fc1 of the
 //                   plain FFN. z is rounded to T before the bias exactly as the unfused path
 //                   stores it, so hd is the value bias_act_dropout(z) gives, and the mask is
@@ -13,6 +15,7 @@
 #pragma once
 
 #include "core/cuda/types.cuh"
+#include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/activation.h"
 #include "kernels/cuda/rowwise.cuh"  // DeviceMask
 
@@ -25,6 +28,7 @@ struct TileCtx {
   int wg_thread;     // 0..127 within the consumer warpgroup
   int barrier;       // named barrier id of the warpgroup
   uint8_t* scratch;  // kScratchBytes<BN> of shared memory owned by this warpgroup
+  const CUtensorMap* c_map;  // C as 64×64 boxes with 128-byte swizzling (StoreCTma)
 };
 
 // Stores a pair: one 4-byte store when both are in range and the row start is aligned.
@@ -86,6 +90,70 @@ struct StoreC {
   }
 };
 
+// Note [TMA store epilogue]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A warpgroup's block leaves in 64-row × 64-column subtiles through two 8 KiB shared-memory
+// buffers, used in turn: thread 0 of the warpgroup waits until the TMA store that last read
+// the buffer has finished reading (at most one other store in flight), the warpgroup writes
+// the subtile into it in TMA's 128-byte swizzle (16-byte chunk j of row r at chunk j ^ (r % 8):
+// the eight rows of one store instruction hit eight different chunks, no bank conflicts),
+// fences its writes for the async proxy, syncs, and thread 0 issues the store. The store
+// clips rows and columns outside C. The kernel waits for all stores before it exits
+// (epilogue_drain). The warpgroup does not wait for the global writes, so its next tile's
+// MMAs start at once.
+template <class T>
+struct StoreCTma {
+  const T* bias;  // optional [n]
+  int n;
+
+  template <int BN, int ROWS>
+  static constexpr int kScratchBytes = 2 * 64 * 64 * 2;
+
+  template <int R>
+  __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
+    const int lane = t.wg_thread % 32, r = 16 * (t.wg_thread / 32) + lane / 4;
+#pragma unroll
+    for (int q = 0; q < R / 32; ++q) {  // 64-column subtiles: R / 32 = BN / 64
+      uint8_t* buf = t.scratch + (q & 1) * (64 * 64 * 2);
+      if (t.wg_thread == 0) tma_store_wait_read<1>();
+      named_barrier_sync(t.barrier, 128);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = 4 * (8 * q + j);
+        float v0 = acc[i], v1 = acc[i + 1], v2 = acc[i + 2], v3 = acc[i + 3];
+        if (bias) {
+          const int col = t.col0 + 64 * q + 8 * j;
+          const float b0 = col < n ? to_acc(__ldg(bias + col)) : 0.0f;
+          const float b1 = col + 1 < n ? to_acc(__ldg(bias + col + 1)) : 0.0f;
+          v0 += b0, v1 += b1, v2 += b0, v3 += b1;
+        }
+        const int off = ((j ^ (r & 7)) << 4) + 4 * (lane % 4);
+        store_pair(reinterpret_cast<T*>(buf + r * 128 + off), true, true, v0, v1);
+        store_pair(reinterpret_cast<T*>(buf + (r + 8) * 128 + off), true, true, v2, v3);
+      }
+      fence_proxy_async_smem();
+      named_barrier_sync(t.barrier, 128);
+      if (t.wg_thread == 0) {
+        tma_store_2d(t.c_map, buf, t.cols + 64 * q, t.rows);
+        tma_store_commit();
+      }
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
+                                        TileCtx t) const {
+    tile(acc0, t);
+    t.rows += 64, t.row0 += 64;
+    tile(acc1, t);
+  }
+};
+
+// Before the kernel exits: the TMA stores a warpgroup's thread 0 issued have completed
+// (shared memory must outlive their reads). A no-op for epilogues that issue none.
+__device__ __forceinline__ void epilogue_drain(const TileCtx& t) {
+  if (t.wg_thread == 0) tma_store_wait_all();
+}
+
 template <class T>
 struct BiasActDropout {
   T* hd;
@@ -137,13 +205,13 @@ struct BiasActDropout {
   __device__ __forceinline__ void walk(const TileCtx& t, int rows) const {
     constexpr int P = BN + 8;
     const T* st = reinterpret_cast<const T*>(t.scratch);
-    asm volatile("bar.sync %0, 128;\n" ::"r"(t.barrier) : "memory");
+    named_barrier_sync(t.barrier, 128);
 #pragma unroll 1
     for (int it = t.wg_thread; it < rows * (BN / 8); it += 128) {
       const int r = it / (BN / 8), c = 8 * (it % (BN / 8));
       run8(st + r * P + c, t.rows + r, t.cols + c);
     }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(t.barrier) : "memory");
+    named_barrier_sync(t.barrier, 128);
   }
 
   // Eight consecutive outputs of one row, z8 their rounded GEMM values in shared memory.

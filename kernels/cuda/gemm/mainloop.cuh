@@ -1,6 +1,10 @@
-// kernels/cuda/gemm/mainloop.cuh — the Hopper GEMM's pipeline for C = A·Bᵀ with A [M, K] and
-// B [N, K] both K-major (row-major x·Wᵀ): a ring of kStages shared-memory stages, each
-// holding a 128×64 A tile and a BN×64 B tile written by TMA with 128-byte swizzling.
+// kernels/cuda/gemm/mainloop.cuh — the Hopper GEMM's pipeline for C = A·B with A an M×K and
+// B a K×N operand, each either K-major (rows of K elements: A [M, K] row-major, or B stored
+// as [N, K], i.e. the Wᵀ of x·Wᵀ) or MN-major (rows of M or N elements: A stored as [K, M],
+// i.e. the dyᵀ of dyᵀ·x; B stored [K, N], the W of dy·W). A ring of kStages shared-memory
+// stages holds a 128×64 A tile and a BN×64 B tile each, written by TMA with 128-byte
+// swizzling: a K-major tile as one box of 64-element rows, an MN-major one as boxes of 64 K
+// rows × 64 M/N elements, 8 KiB apart (sm90.cuh's two descriptors).
 //
 // Note [Hopper GEMM pipeline]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -23,31 +27,64 @@
 
 namespace ffn::cuda::gemm {
 
-template <class T, int BN_, int STAGES, int ARRIVALS = 8>
+template <class T, int BN_, int STAGES, int ARRIVALS = 8, bool A_MN = false, bool B_MN = false>
 struct Mainloop {
   static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
+  static constexpr int kBoxBytes = 64 * BK * 2;  // one MN-major box: 64 K rows × 128 bytes
+  // Descriptor increments (16-byte units) per 16 elements of K: 32 bytes along a K-major
+  // row, 16 rows of 128 bytes in an MN-major box.
+  static constexpr uint64_t kStepA = A_MN ? 128 : 2, kStepB = B_MN ? 128 : 2;
   static constexpr int kABytes = BM * BK * 2, kBBytes = BN * BK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kConsumerWarps = ARRIVALS;  // warps that release a stage
-  // Shared memory: the stages (1024-byte aligned for the 128B swizzle), then the barriers.
-  static constexpr int kSmemBytes = kStages * kStageBytes + (2 * kStages + 2) * 8 + 1024;
+  // Shared memory: the stages (1024-byte aligned for the 128B swizzle), the epilogue's
+  // scratch (1024-byte aligned too: TMA stores read swizzled boxes from it), the barriers.
+  static constexpr int smem_bytes(int scratch) {
+    return kStages * kStageBytes + scratch + (2 * kStages + 2) * 8 + 1024;
+  }
 
-  uint8_t* tiles;  // kStages × (A tile, B tile)
+  uint8_t* tiles;    // kStages × (A tile, B tile)
+  uint8_t* scratch;  // the epilogue's
   uint64_t* full;
   uint64_t* empty;
   uint64_t* order;  // ping-pong: order[w] completes when warpgroup w's mainloop of a tile is done
 
-  __device__ static Mainloop carve(uint8_t* smem_raw) {
+  __device__ static Mainloop carve(uint8_t* smem_raw, int scratch_bytes) {
     Mainloop ml;
     const uint32_t base = smem_addr(smem_raw);
     ml.tiles = smem_raw + ((1024 - (base & 1023)) & 1023);
-    ml.full = reinterpret_cast<uint64_t*>(ml.tiles + kStages * kStageBytes);
+    ml.scratch = ml.tiles + kStages * kStageBytes;
+    ml.full = reinterpret_cast<uint64_t*>(ml.scratch + scratch_bytes);
     ml.empty = ml.full + kStages;
     ml.order = ml.empty + kStages;
     return ml;
   }
   __device__ uint8_t* a_tile(int s) const { return tiles + s * kStageBytes; }
   __device__ uint8_t* b_tile(int s) const { return tiles + s * kStageBytes + kABytes; }
+  // Rows [64h, 64h + 64) of stage s's A tile: 64 rows down a K-major tile, or its h-th box.
+  __device__ uint64_t a_desc(int s, int h) const {
+    if constexpr (A_MN)
+      return smem_desc_mn128(a_tile(s) + h * kBoxBytes, kBoxBytes);
+    else
+      return smem_desc_k128(a_tile(s) + h * 64 * 128);
+  }
+  __device__ uint64_t b_desc(int s) const {
+    if constexpr (B_MN)
+      return smem_desc_mn128(b_tile(s), kBoxBytes);
+    else
+      return smem_desc_k128(b_tile(s));
+  }
+  // One operand's tile for k-block kb: rows [r0, r0 + ROWS) of M or N.
+  template <bool MN, int ROWS>
+  __device__ static void load(uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int kb, int r0) {
+    if constexpr (MN) {
+#pragma unroll
+      for (int j = 0; j < ROWS / 64; ++j)
+        tma_load_2d(dst + j * kBoxBytes, map, bar, r0 + 64 * j, kb * BK);
+    } else {
+      tma_load_2d(dst, map, bar, kb * BK, r0);
+    }
+  }
 
   __device__ void init_barriers() const {
     for (int s = 0; s < kStages; ++s) {
@@ -70,8 +107,8 @@ struct Mainloop {
       for (int kb = 0; kb < k_blocks; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         mbar_arrive_expect_tx(&full[stage], kStageBytes);
-        tma_load_2d(a_tile(stage), ta, &full[stage], kb * BK, tm * BM);
-        tma_load_2d(b_tile(stage), tb, &full[stage], kb * BK, tn * BN);
+        load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, tm * BM);
+        load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, tn * BN);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }
@@ -83,16 +120,16 @@ struct Mainloop {
                           uint32_t& phase) const {
     using Mma = Wgmma<BN, T>;
     static_assert(Mma::kRegs == R, "accumulator size");
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int lane = threadIdx.x % 32;
     int prev = -1;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
-      const uint64_t da = smem_desc_k128(a_tile(stage) + c * 64 * 128);
-      const uint64_t db = smem_desc_k128(b_tile(stage));
+      const uint64_t da = a_desc(stage, c), db = b_desc(stage);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk)  // 16 elements = 32 bytes = 2 descriptor units
-        Mma::mma(acc, da + 2 * kk, db + 2 * kk, (kb > 0 || kk > 0) ? 1 : 0);
+      for (int kk = 0; kk < BK / 16; ++kk)
+        Mma::template mma<A_MN, B_MN>(acc, da + kStepA * kk, db + kStepB * kk,
+                                      (kb > 0 || kk > 0) ? 1 : 0);
       wgmma_commit();
       if (prev >= 0) {
         wgmma_wait<1>();
@@ -104,7 +141,6 @@ struct Mainloop {
     wgmma_wait<0>();
     fence_accumulators(acc);
     if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
-    (void)warp;
   }
 
   // Ping-pong (Note [Hopper GEMM ping-pong]): one warpgroup accumulates a whole 128-row tile,
@@ -118,15 +154,13 @@ struct Mainloop {
     int prev = -1;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
-      const uint64_t da0 = smem_desc_k128(a_tile(stage));
-      const uint64_t da1 = smem_desc_k128(a_tile(stage) + 64 * 128);
-      const uint64_t db = smem_desc_k128(b_tile(stage));
+      const uint64_t da0 = a_desc(stage, 0), da1 = a_desc(stage, 1), db = b_desc(stage);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) {
         const int scale = (kb > 0 || kk > 0) ? 1 : 0;
-        Mma::mma(acc0, da0 + 2 * kk, db + 2 * kk, scale);
-        Mma::mma(acc1, da1 + 2 * kk, db + 2 * kk, scale);
+        Mma::template mma<A_MN, B_MN>(acc0, da0 + kStepA * kk, db + kStepB * kk, scale);
+        Mma::template mma<A_MN, B_MN>(acc1, da1 + kStepA * kk, db + kStepB * kk, scale);
       }
       wgmma_commit();
       if (prev >= 0) {

@@ -1,5 +1,5 @@
 // kernels/cuda/gemm/sm90.cuh — the Hopper (sm_90a) primitives the GEMM pieces are built from:
-// mbarriers, TMA tile loads (cp.async.bulk.tensor), wgmma shared-memory descriptors and
+// mbarriers, TMA tile loads and stores (cp.async.bulk.tensor), wgmma shared-memory descriptors and
 // fences, and setmaxnreg. Thin wrappers over PTX, each named after what it does.
 #pragma once
 
@@ -51,6 +51,33 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
       : "memory");
 }
+// Stores the box at (c0, c1) of `map` from shared memory at `src` (laid out as the map's
+// swizzle says); elements outside the tensor are not written. Joins the thread's current
+// bulk group: commit it with tma_store_commit, and wait before reusing `src`.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0,
+                                             int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_addr(src)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's committed store groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until every committed store group is complete (its writes done).
+__device__ __forceinline__ void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// Orders this thread's ordinary shared-memory writes before later async-proxy (TMA) reads.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
@@ -64,6 +91,15 @@ __device__ __forceinline__ uint64_t smem_desc_k128(const void* tile) {
   const uint64_t addr = smem_addr(tile);
   return ((addr & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
          (uint64_t{1} << 62);
+}
+// Descriptor of an MN-major tile: k rows of 64 M- (or N-) elements, 128 bytes each, written by
+// TMA with 128-byte swizzling as boxes of 64 rows. 8-row groups along K are 1024 bytes apart
+// (stride byte offset); consecutive 64-element groups along M/N are `box_bytes` apart (the
+// next box; leading byte offset). Advancing along K by 16 rows adds 2048 bytes.
+__device__ __forceinline__ uint64_t smem_desc_mn128(const void* tile, uint32_t box_bytes) {
+  const uint64_t addr = smem_addr(tile);
+  return ((addr & 0x3ffff) >> 4) | (uint64_t{(box_bytes >> 4) & 0x3fff} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -80,6 +116,12 @@ template <int R>
 __device__ __forceinline__ void fence_accumulators(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Named barrier `id` over `threads` threads (a warpgroup's 128, leaving id 0 to
+// __syncthreads).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // --- registers ----------------------------------------------------------------------------

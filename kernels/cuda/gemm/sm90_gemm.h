@@ -1,8 +1,9 @@
 // kernels/cuda/gemm/sm90_gemm.h — fused-ffn's own Hopper GEMM (sm_90a: TMA + wgmma, warp
-// specialized, persistent; Note [Hopper GEMM pipeline]) for C = A·Bᵀ with A [M, K] and
-// B [N, K] row-major bf16/f16 (the x·Wᵀ of every forward Linear), with its epilogues.
-// cuBLASLt (kernels/cuda/gemm.cu) stays the reference in tests and the fallback: callers
-// ask sm90_gemm_supported() first. Plain C++: no CUDA header needed to include it.
+// specialized, persistent; Note [Hopper GEMM pipeline]) for c = op(a)·op(b) with row-major
+// bf16/f16 operands, the transposes as in kernels/gemm.h (x·Wᵀ, dy·W and dyᵀ·x are the
+// layouts the FFN needs), and its epilogues. cuBLASLt (kernels/cuda/gemm.cu) stays the
+// reference in tests and the fallback: callers ask sm90_gemm_supported() first. Plain C++:
+// no CUDA header needed to include it.
 #pragma once
 
 #include <cstdint>
@@ -13,18 +14,29 @@
 
 namespace ffn::cuda {
 
-// True when the GEMM can run these operands: an sm_90 GPU and a build with sm_90a code,
-// bf16/f16, contiguous, 16-byte aligned rows (K % 8 == 0) and base pointers, M, N, K > 0.
-bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c);
-
 // How consumer warpgroups share tiles: cooperative (both on one 128-row tile; Note [Hopper
 // GEMM pipeline]) or ping-pong (one tile each, alternating; Note [Hopper GEMM ping-pong]).
-// automatic: ping-pong for the fused fc1 epilogue, cooperative for plain stores (measured).
+// automatic: the measured choice (sm90_gemm.cu, dispatch).
 enum class Sm90Schedule : uint8_t { automatic, cooperative, pingpong };
 
-// c = a·bᵀ (+ bias[N]).
-void sm90_gemm_nt(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& c,
-                  Sm90Schedule schedule = Sm90Schedule::automatic);
+struct Sm90GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  Tensor bias;  // optional [n], added to every row
+  Sm90Schedule schedule = Sm90Schedule::automatic;
+  // Store C through shared memory with TMA (Note [TMA store epilogue]) when its rows allow
+  // it (n % 8 == 0, 16-byte aligned); false stores from registers (for measurements).
+  bool tma_store = true;
+};
+
+// True when the GEMM can run these operands: an sm_90 GPU and a build with sm_90a code,
+// bf16/f16 throughout, contiguous 2-D tensors with 16-byte aligned base pointers and rows
+// (a.size(1) and b.size(1) multiples of 8), shapes that agree, m, n, k > 0.
+bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c, bool trans_a,
+                         bool trans_b);
+
+// c = op(a)·op(b) (+ bias).
+void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& args = {});
 
 // fc1 of the plain FFN in one kernel: z = x·wᵀ (stored when z is given), hd =
 // dropout(act(z + b)) with exactly bias_act_dropout's arithmetic and mask.
