@@ -170,22 +170,26 @@ struct BiasActDropout {
 
   // Note [Fused FFN epilogue]: the accumulators are rounded to T (z, exactly as the unfused
   // path stores it) and staged in shared memory; the warpgroup then walks its block in
-  // runs of 8 columns: one 16-byte load of z, of the bias, one Philox block for the 8 masks
-  // (element i = row·N + col is drawn from block i / 8, Note [Dropout RNG]), and 16-byte
-  // stores of z and hd. The walk is a rolled loop: the unrolled per-register version ran
-  // out of instruction cache (ncu: over half the stalls were instruction fetch). Staging
-  // every block before the walk also frees the accumulator registers first.
+  // runs of 8 columns: one 16-byte load of z, one Philox block for the 8 masks (element
+  // i = row·N + col is drawn from block i / 8, Note [Dropout RNG]), and 16-byte stores of z
+  // and hd. A thread keeps one 8-column run of every 128 / (BN / 8)-th row, so it loads
+  // its bias once per tile. The walk is a loop unrolled 4 times with the activation fixed
+  // at compile time: only one warpgroup runs it while the other's MMAs go on, so its
+  // latency (Philox's dependent rounds, exp) is hidden by independent runs, not by other
+  // warps; the fully unrolled per-register version ran out of instruction cache (ncu: over
+  // half the stalls were instruction fetch). Staging every block before the walk also
+  // frees the accumulator registers first.
   template <int R>
   __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
     stage(acc, t, 0);
-    walk<2 * R>(t, 64);
+    walk<2 * R, 64>(t);
   }
   template <int R>
   __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
                                         const TileCtx& t) const {
     stage(acc0, t, 0);
     stage(acc1, t, 64);
-    walk<2 * R>(t, 128);
+    walk<2 * R, 128>(t);
   }
 
   template <int R>
@@ -201,53 +205,78 @@ struct BiasActDropout {
     }
   }
 
-  template <int BN>
-  __device__ __forceinline__ void walk(const TileCtx& t, int rows) const {
-    constexpr int P = BN + 8;
-    const T* st = reinterpret_cast<const T*>(t.scratch);
+  template <int BN, int ROWS>
+  __device__ __forceinline__ void walk(const TileCtx& t) const {
     named_barrier_sync(t.barrier, 128);
-#pragma unroll 1
-    for (int it = t.wg_thread; it < rows * (BN / 8); it += 128) {
-      const int r = it / (BN / 8), c = 8 * (it % (BN / 8));
-      run8(st + r * P + c, t.rows + r, t.cols + c);
+    switch (act) {
+      case Activation::gelu_erf: walk_as<BN, ROWS, Activation::gelu_erf>(t); break;
+      case Activation::gelu_tanh: walk_as<BN, ROWS, Activation::gelu_tanh>(t); break;
+      case Activation::silu: walk_as<BN, ROWS, Activation::silu>(t); break;
+      case Activation::identity: walk_as<BN, ROWS, Activation::identity>(t); break;
     }
     named_barrier_sync(t.barrier, 128);
   }
 
-  // Eight consecutive outputs of one row, z8 their rounded GEMM values in shared memory.
-  __device__ __forceinline__ void run8(const T* z8, int row, int col) const {
-    if (row >= m || col >= n) return;
-    const int64_t i0 = static_cast<int64_t>(row) * n + col;
-    const bool full = col + 8 <= n && n % 8 == 0;  // aligned 16-byte runs, one Philox block
-    float zv[8], bv[8], f[8];
-    const uint4 zraw = *reinterpret_cast<const uint4*>(z8);
-    const T* zt = reinterpret_cast<const T*>(&zraw);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) zv[j] = to_acc(zt[j]), bv[j] = 0.0f, f[j] = 1.0f;
-    if (full) {
-      if (z) *reinterpret_cast<uint4*>(z + i0) = zraw;
+  template <int BN, int ROWS, Activation A>
+  __device__ __forceinline__ void walk_as(const TileCtx& t) const {
+    constexpr int P = BN + 8, kRuns = BN / 8, kRowStep = 128 / kRuns;
+    static_assert(128 % kRuns == 0, "a thread keeps one run of columns");
+    const T* st = reinterpret_cast<const T*>(t.scratch);
+    const int c = 8 * (t.wg_thread % kRuns), r0 = t.wg_thread / kRuns;
+    const int col = t.cols + c;
+    if (col >= n) return;
+    if (col + 8 <= n && n % 8 == 0) {  // aligned 16-byte runs, one Philox block each
+      float bv[8];
       if (bias) {
         const uint4 braw = __ldg(reinterpret_cast<const uint4*>(bias + col));
         const T* bt = reinterpret_cast<const T*>(&braw);
 #pragma unroll
         for (int j = 0; j < 8; ++j) bv[j] = to_acc(bt[j]);
-      }
-      mask.factors<8>(i0, f);
-      uint4 out;
-      T* o = reinterpret_cast<T*>(&out);
+      } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) o[j] = from_acc<T>(act_math::value(zv[j] + bv[j], act) * f[j]);
-      *reinterpret_cast<uint4*>(hd + i0) = out;
+        for (int j = 0; j < 8; ++j) bv[j] = 0.0f;
+      }
+#pragma unroll 4
+      for (int i = 0; i < ROWS / kRowStep; ++i) {
+        const int r = r0 + i * kRowStep;
+        if (t.rows + r < m)
+          run8<A>(st + r * P + c, static_cast<int64_t>(t.rows + r) * n + col, bv);
+      }
       return;
     }
-    for (int j = 0; j < 8 && col + j < n; ++j) {  // a ragged edge: element by element
+#pragma unroll 1
+    for (int r = r0; r < ROWS && t.rows + r < m; r += kRowStep)
+      ragged(st + r * P + c, t.rows + r, col);
+  }
+
+  // Eight consecutive outputs of one row starting at element i0, z8 their rounded GEMM
+  // values in shared memory, bv their biases.
+  template <Activation A>
+  __device__ __forceinline__ void run8(const T* z8, int64_t i0, const float (&bv)[8]) const {
+    const uint4 zraw = *reinterpret_cast<const uint4*>(z8);
+    const T* zt = reinterpret_cast<const T*>(&zraw);
+    if (z) *reinterpret_cast<uint4*>(z + i0) = zraw;
+    float f[8];
+    mask.factors<8>(i0, f);
+    uint4 out;
+    T* o = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] = from_acc<T>(act_math::value(to_acc(zt[j]) + bv[j], A) * f[j]);
+    *reinterpret_cast<uint4*>(hd + i0) = out;
+  }
+
+  // A run at the ragged right edge (or of a row length that is not a multiple of 8):
+  // element by element.
+  __device__ __forceinline__ void ragged(const T* z8, int row, int col) const {
+    const int64_t i0 = static_cast<int64_t>(row) * n + col;
+    for (int j = 0; j < 8 && col + j < n; ++j) {
       const uint64_t u = static_cast<uint64_t>(i0 + j);
-      if (z) z[i0 + j] = zt[j];
+      if (z) z[i0 + j] = z8[j];
       const float b = bias ? to_acc(bias[col + j]) : 0.0f;
       float g = 1.0f;
       if (mask.active)
         g = draw_of(philox_block(mask.keys, mask.offset, u >> 3), u) >= mask.thr ? mask.scale : 0.0f;
-      hd[i0 + j] = from_acc<T>(act_math::value(zv[j] + b, act) * g);
+      hd[i0 + j] = from_acc<T>(act_math::value(to_acc(z8[j]) + b, act) * g);
     }
   }
 };
