@@ -252,6 +252,17 @@ void gemm_comparison(int device, int warmup, int iters) {
       cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::gelu_tanh, d, hd, &z,
                                           cuda::Sm90Schedule::pingpong);
     });
+    // Where the epilogue's time goes: without the dropout mask (no Philox), also without the
+    // activation (identity: stores only), and without storing z.
+    const double no_dropout = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::gelu_tanh, {}, hd, &z);
+    });
+    const double stores_only = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::identity, {}, hd, &z);
+    });
+    const double no_z = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::gelu_tanh, d, hd, nullptr);
+    });
     const double unfused = median_ms(device, warmup, iters, [&] {
       gemm(x, w, z, {.trans_b = true});
       bias_act_dropout(z, b, Activation::gelu_tanh, d, hd);
@@ -259,8 +270,11 @@ void gemm_comparison(int device, int warmup, int iters) {
     const double bare = median_ms(device, warmup, iters, [&] { gemm(x, w, z, {.trans_b = true}); });
     std::printf("{\"fused_fc1\": \"%s\", \"ours_fused_ms\": %.4f, \"cublaslt_plus_kernel_ms\": "
                 "%.4f, \"cublaslt_gemm_ms\": %.4f, \"fused_over_bare\": %.3f, "
-                "\"fused_cooperative_ms\": %.4f, \"fused_pingpong_ms\": %.4f}\n",
-                sh.name, fused, unfused, bare, fused / bare, fused_coop, fused_pp);
+                "\"fused_cooperative_ms\": %.4f, \"fused_pingpong_ms\": %.4f, "
+                "\"fused_no_dropout_ms\": %.4f, \"fused_identity_no_dropout_ms\": %.4f, "
+                "\"fused_without_z_ms\": %.4f}\n",
+                sh.name, fused, unfused, bare, fused / bare, fused_coop, fused_pp, no_dropout,
+                stores_only, no_z);
     std::fflush(stdout);
   }
 }
