@@ -9,18 +9,54 @@
 #include <sstream>
 
 #include "train/io/files.h"
+#include "train/metrics.h"  // format_bytes
 
 namespace fs = std::filesystem;
 
 namespace ffn::train {
 
+namespace {
 
+int64_t tensor_bytes(const NamedTensors& ts) {
+  int64_t n = 0;
+  for (const auto& [name, t] : ts) n += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+  return n;
+}
 
+// The save itself (Note [Checkpoint layout]), without the clean-up on failure.
+std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
+                             const NamedTensors& model, const NamedTensors& optim,
+                             const std::string& config_toml, int64_t keep);
 
+}  // namespace
 
+// A failed save (a full disk, a quota, an I/O error) removes its temp directory, so it
+// leaves nothing that holds space, and says how much the checkpoint needs against what is
+// free; `latest` and the earlier checkpoints are only touched after the new one is complete.
 std::string save_checkpoint(const std::string& run_dir, const TrainState& s,
                             const NamedTensors& model, const NamedTensors& optim,
                             const std::string& config_toml, int64_t keep) {
+  const std::string name = "ckpt-" + std::to_string(s.iter);
+  const fs::path tmp = fs::path(run_dir) / (name + ".tmp");
+  try {
+    return write_checkpoint(run_dir, s, model, optim, config_toml, keep);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    const fs::space_info sp = fs::space(run_dir, ec);
+    const double need = static_cast<double>(tensor_bytes(model) + tensor_bytes(optim));
+    FFN_THROW("[checkpoint] saving '", (fs::path(run_dir) / name).string(), "' failed: ",
+              e.what(), "\n  the checkpoint needs about ", format_bytes(need), "; ",
+              ec ? std::string("free space unknown") : format_bytes(static_cast<double>(sp.available)) + " free",
+              " on that file system. The temporary directory was removed; `latest` and the earlier "
+              "checkpoints are untouched.");
+  }
+}
+
+namespace {
+std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
+                             const NamedTensors& model, const NamedTensors& optim,
+                             const std::string& config_toml, int64_t keep) {
   const std::string name = "ckpt-" + std::to_string(s.iter);
   const fs::path final_dir = fs::path(run_dir) / name;
   const fs::path tmp = fs::path(run_dir) / (name + ".tmp");
@@ -63,6 +99,7 @@ std::string save_checkpoint(const std::string& run_dir, const TrainState& s,
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second);
   return final_dir.string();
 }
+}  // namespace
 
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
   std::vector<std::pair<int64_t, std::string>> all;

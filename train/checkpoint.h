@@ -44,8 +44,9 @@ struct TrainState {
   std::vector<uint8_t> vocab;  // character vocabulary (empty for token data)
 };
 
-// Saves a checkpoint for state.iter (Note [Checkpoint layout]) and prunes all but the
-// newest `keep`. Returns the checkpoint directory.
+// Saves a checkpoint for state.iter (Note [Checkpoint layout]) and then prunes all but the
+// newest `keep`. Returns the checkpoint directory. A failed save removes its temp directory
+// and throws, naming the bytes needed and free; `latest` and earlier checkpoints stay.
 std::string save_checkpoint(const std::string& run_dir, const TrainState& state,
                             const NamedTensors& model, const NamedTensors& optim,
                             const std::string& config_toml, int64_t keep);

@@ -76,6 +76,13 @@ void RunRecord::eval(int64_t iter, double val, double train, double best) {
                  "fused-ffn: " + dir_);
 }
 
+void RunRecord::stopped(int64_t iter, const std::string& signal) {
+  if (!log_) return;
+  log_->write({{"iter", std::to_string(iter)},
+               {"event", "\"stopped\""},
+               {"signal", "\"" + signal + "\""}});
+}
+
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];

@@ -36,6 +36,9 @@ class RunRecord {
             int64_t skipped_total);
   // Writes the eval line and redraws loss.svg.
   void eval(int64_t iter, double val, double train, double best);
+  // {"iter": N, "event": "stopped", "signal": ...}: the run stopped early on a request
+  // (Note [Graceful stop]); a finished run has no such line.
+  void stopped(int64_t iter, const std::string& signal);
 
  private:
   std::string dir_;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -36,6 +37,15 @@ fs::path canonical_dir(const std::string& p) {
 bool fixed_on_resume(const std::string& key) {
   return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key == "run.seed" ||
          key == "train.batch_size" || key == "runtime.precision";
+}
+
+// The iteration of a ckpt-<iter> directory (-1 if the name is not one).
+int64_t read_iter(const std::string& ckpt_dir) {
+  const std::string n = fs::path(ckpt_dir).filename().string();
+  if (n.rfind("ckpt-", 0) != 0 || n.size() == 5 ||
+      n.find_first_not_of("0123456789", 5) != std::string::npos)
+    return -1;
+  return std::stoll(n.substr(5));
 }
 
 }  // namespace
@@ -69,7 +79,39 @@ RunLock::~RunLock() {
 
 ResumePoint resolve_resume(const std::string& path) {
   ResumePoint at;
-  at.ckpt_dir = resolve_checkpoint(path);
+  const fs::path p(path);
+  if (fs::exists(p / "state.toml") || !fs::exists(p / "latest")) {
+    // A checkpoint named explicitly (or not a run at all: resolve_checkpoint says why).
+    at.ckpt_dir = resolve_checkpoint(path);
+  } else {
+    // A run: the checkpoint `latest` names, or the newest intact one before it.
+    std::vector<std::string> candidates;
+    try {
+      candidates.push_back(resolve_checkpoint(path));
+    } catch (const Error& e) {
+      at.skipped.push_back(e.what());
+    }
+    // Then the older checkpoints, newest first (`latest` is what the run wrote last).
+    const int64_t latest_iter =
+        candidates.empty() ? std::numeric_limits<int64_t>::max() : read_iter(candidates[0]);
+    const auto all = list_checkpoints(path);
+    for (auto it = all.rbegin(); it != all.rend(); ++it)
+      if (it->first < latest_iter) candidates.push_back(it->second);
+    for (const std::string& c : candidates) {
+      try {
+        (void)read_train_state(c);  // sizes and CRC-32s of both tensor files
+        at.ckpt_dir = c;
+        break;
+      } catch (const Error& e) {
+        at.skipped.push_back(std::string(e.what()));
+      }
+    }
+    if (at.ckpt_dir.empty()) {
+      std::string why;
+      for (const std::string& w : at.skipped) why += "\n  " + w;
+      FFN_THROW("[resume] '", path, "' has no intact checkpoint:", why);
+    }
+  }
   const fs::path given = canonical_dir(path), ckpt = canonical_dir(at.ckpt_dir);
   at.run_dir = (given == ckpt ? ckpt.parent_path() : given).string();
   return at;

@@ -42,10 +42,15 @@ class RunLock {
   int fd_ = -1;
 };
 
-// Where `--resume PATH` continues: the checkpoint directory and the run that holds it.
+// Where `--resume PATH` continues: the checkpoint directory and the run that holds it. For a
+// run directory that is the checkpoint `latest` names if it is intact (sizes and CRC-32s),
+// else the newest intact one before it; `skipped` says what was wrong with the ones passed
+// over (they stay on disk; resuming from an older one moves them to a branch). A ckpt-*
+// directory named explicitly is taken as it is.
 struct ResumePoint {
   std::string ckpt_dir;
   std::string run_dir;
+  std::vector<std::string> skipped;
 };
 ResumePoint resolve_resume(const std::string& path);
 

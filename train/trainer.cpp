@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +26,7 @@
 #include "train/metrics.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
+#include "train/stop.h"
 
 #if FFN_WITH_CUDA
 #include "core/cuda/context.h"
@@ -152,6 +154,8 @@ struct Trainer::State {
   std::unique_ptr<RunRecord> record;
   std::string branch;
   std::optional<std::pair<int64_t, double>> pending;  // (done, lr) of a deferred step
+  std::string last_checkpoint;                        // written by this process
+  int64_t last_checkpoint_iter = -1;
   uint64_t cursor = 0, data_seed = 0, eval_seed = 0;
   int64_t start_iter = 0, end_iter = 0, decay_iters = 0;
   int64_t buckets_total = 0, buckets_overlapped = 0;
@@ -211,6 +215,13 @@ void Trainer::validate_run() {
     const ResumePoint at = resolve_resume(s.opt.resume);
     check_resume_config(s.cfg, at);
     s.resume_dir = at.ckpt_dir;
+    if (s.lead)
+      for (const std::string& why : at.skipped)
+        std::fprintf(stderr, "[resume] passed over a damaged checkpoint (left in place): %s\n",
+                     why.c_str());
+    if (s.lead && !at.skipped.empty())
+      std::fprintf(stderr, "[resume] continuing from %s, the newest intact checkpoint\n",
+                   at.ckpt_dir.c_str());
   }
   if (s.resume_dir.empty() && has_checkpoints(s.run_dir) && !s.opt.overwrite)
     config_error("run.dir: '" + s.run_dir + "' already holds checkpoints; continue it with " +
@@ -359,8 +370,10 @@ std::string Trainer::checkpoint(int64_t done) {
   t.best_val = s.best_val;
   t.world = s.world;
   t.vocab = s.data.chars;
-  return save_checkpoint(s.run_dir, t, values_of(s.params), s.optim->state(), s.cfg.to_toml(),
-                         s.cfg.run.keep_checkpoints);
+  s.last_checkpoint = save_checkpoint(s.run_dir, t, values_of(s.params), s.optim->state(),
+                                     s.cfg.to_toml(), s.cfg.run.keep_checkpoints);
+  s.last_checkpoint_iter = done;
+  return s.last_checkpoint;
 }
 
 void Trainer::evaluate(int64_t done) {
@@ -461,15 +474,44 @@ void Trainer::step(int64_t it) {
     s.pending = std::make_pair(done, lr);
 }
 
+// Note [Graceful stop]: the signal to stop on after `done` iterations, or 0; under data
+// parallelism only every kStopAgreeEvery iterations, agreed by all ranks.
+int Trainer::stop_requested(int64_t done) {
+  State& s = *s_;
+  const int local = stop_signal();
+  if (done >= s.end_iter) return 0;  // finishing anyway
+  if (s.world == 1) return local;
+  if (done % kStopAgreeEvery != 0) return 0;
+  Tensor flag = Tensor::full({1}, local ? 1.0 : 0.0, DType::f32, s.dev);
+  s.comm->all_reduce(flag, false, "stop request");
+  return flag.to_vector()[0] > 0 ? (local ? local : SIGTERM) : 0;
+}
+
 TrainResult Trainer::run() {
   State& s = *s_;
   if (s.start_iter == 0) evaluate(0);
-  for (int64_t it = s.start_iter; it < s.end_iter; ++it) step(it);
+  int64_t done = s.end_iter;
+  int stop = 0;
+  for (int64_t it = s.start_iter; it < s.end_iter; ++it) {
+    step(it);
+    if (s.opt.after_step) s.opt.after_step(it + 1);
+    if ((stop = stop_requested(it + 1)) != 0) {
+      done = it + 1;
+      break;
+    }
+  }
   if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
+  std::string ckpt = s.last_checkpoint;
+  if (stop) {
+    if (s.last_checkpoint_iter != done) ckpt = checkpoint(done);
+    s.record->stopped(done, signal_name(stop));
+  }
   s.progress->end();
   TrainResult res;
   res.run_dir = s.run_dir;
-  res.iters_done = s.end_iter;
+  res.iters_done = done;
+  res.stop_signal = stop;
+  res.last_checkpoint = ckpt;
   res.last_train_loss = s.last_loss;
   res.last_val_loss = s.last_val;
   res.first_val_loss = s.first_val;
@@ -499,6 +541,14 @@ void Trainer::summarize(const TrainResult& res) const {
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - s.t_start).count();
+  if (res.stop_signal) {
+    std::printf("stopped by %s at iter %lld of %lld (not finished): checkpoint %s\n"
+                "continue with: ffn-train --resume %s\n",
+                signal_name(res.stop_signal), static_cast<long long>(res.iters_done),
+                static_cast<long long>(s.cfg.train.iters), res.last_checkpoint.c_str(),
+                s.run_dir.c_str());
+    return;
+  }
   std::printf("done: %lld iters in %s | best val loss %.4f | median %.1f ms/iter (%s tok/s) | "
               "%lld skipped steps | curve: %s/loss.svg\n",
               static_cast<long long>(s.end_iter), format_duration(secs).c_str(), res.best_val_loss,

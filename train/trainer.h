@@ -5,10 +5,12 @@
 // on fixed val (and train) batches, logs progress with ETA, appends metrics.jsonl,
 // redraws loss.svg and checkpoints (Note [Checkpoint layout]). Resuming restores the
 // weights, optimizer state, RNG offset and data cursor, so N steps + resume + N steps
-// equals 2N steps bit for bit.
+// equals 2N steps bit for bit. A SIGTERM or SIGINT (with train/stop.h's handlers installed)
+// stops the run after the step in flight, with a checkpoint (Note [Graceful stop]).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -31,6 +33,9 @@ struct TrainOptions {
   int64_t bucket_mb = 25;       // gradient bucket size for the overlapped all-reduce
   double comm_timeout_s = 300;  // a collective not done after this long aborts the run
   double rendezvous_timeout_s = 120;
+  // Called after each step is queued with the number of iterations done (tests send
+  // signals at a known iteration with it).
+  std::function<void(int64_t)> after_step;
 };
 
 struct TrainResult {
@@ -45,6 +50,8 @@ struct TrainResult {
   int64_t skipped_steps = 0;
   int world = 1;
   double overlap_share = 0;  // buckets launched during backward / all buckets (world > 1)
+  int stop_signal = 0;       // the signal that stopped the run early (0: it ran to the end)
+  std::string last_checkpoint;  // written by this process (rank 0), "" if none
 };
 
 // A training run, from its config to its last checkpoint. The constructor does everything
@@ -73,6 +80,7 @@ class Trainer {
   void finish_step(int64_t done, double lr);
   void evaluate(int64_t done);
   std::string checkpoint(int64_t done);
+  int stop_requested(int64_t done);
   bool eval_after(int64_t done) const;
   bool checkpoint_after(int64_t done) const;
   void summarize(const TrainResult& res) const;

@@ -213,8 +213,12 @@ std::string rendezvous(const DistEnv& env, const std::string& payload, double ti
 }
 
 namespace {
-volatile sig_atomic_t g_signal = 0;
-void on_signal(int s) { g_signal = s; }
+volatile sig_atomic_t g_signal = 0;   // the first signal the launcher received
+volatile sig_atomic_t g_signals = 0;  // how many
+void on_signal(int s) {
+  if (g_signal == 0) g_signal = s;
+  g_signals = g_signals + 1;
+}
 }  // namespace
 
 int launch_local(int nproc, const std::vector<std::string>& argv, double grace_s) {
@@ -253,11 +257,15 @@ int launch_local(int nproc, const std::vector<std::string>& argv, double grace_s
     }
     pids.push_back(pid);
   }
+  // Note [Graceful stop]: a SIGTERM or SIGINT to the launcher is passed to every worker as
+  // SIGTERM (they finish the step, checkpoint and exit 0), and so is a later one, which makes
+  // them abort. A worker that fails stops the others: SIGTERM, then SIGKILL after grace_s.
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
   int result = 0;
   size_t alive = pids.size();
   bool stopping = false;
+  sig_atomic_t forwarded = 0;
   auto stop_deadline = clock_t_::now();
   while (alive > 0) {
     int st = 0;
@@ -277,12 +285,16 @@ int launch_local(int nproc, const std::vector<std::string>& argv, double grace_s
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    if ((result != 0 || g_signal) && !stopping) {
+    if (g_signals > forwarded) {
+      forwarded = g_signals;
+      for (pid_t p : pids)
+        if (p > 0) kill(p, SIGTERM);
+    }
+    if (result != 0 && !stopping) {
       stopping = true;
       stop_deadline = clock_t_::now() + std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
       for (pid_t p : pids)
         if (p > 0) kill(p, SIGTERM);
-      if (g_signal && result == 0) result = 128 + g_signal;
     }
     if (stopping && clock_t_::now() > stop_deadline)
       for (pid_t p : pids)

@@ -18,7 +18,12 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
     const ssize_t w = ::write(fd, c, n);
-    FFN_CHECK(w > 0, "[checkpoint] writing '", path, "' failed: ", std::strerror(errno));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = errno;
+      ::close(fd);
+      FFN_THROW("[checkpoint] writing '", path, "' failed: ", std::strerror(err));
+    }
     c += w;
     n -= static_cast<size_t>(w);
   }
@@ -30,7 +35,11 @@ void write_file_synced(const std::string& path, const std::string& a, const std:
   FFN_CHECK(fd >= 0, "[checkpoint] cannot create '", path, "': ", std::strerror(errno));
   write_all(fd, a.data(), a.size(), path);
   write_all(fd, b.data(), b.size(), path);
-  FFN_CHECK(::fsync(fd) == 0, "[checkpoint] fsync '", path, "' failed: ", std::strerror(errno));
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    FFN_THROW("[checkpoint] fsync '", path, "' failed: ", std::strerror(err));
+  }
   ::close(fd);
 }
 

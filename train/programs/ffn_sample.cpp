@@ -2,7 +2,8 @@
 // a character-level run's latest checkpoint (or a given ckpt-* directory).
 //
 // Sampling: softmax(logits / temperature) restricted to the top-k tokens, drawn from a
-// seeded Philox stream, one token at a time over the last `context` tokens.
+// seeded Philox stream, one token at a time over the last `context` tokens; temperature 0
+// is greedy decoding (the most likely token, the lowest id on a tie).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/programs/cli_checks.h"
 #include "train/trainer.h"
 
 using namespace ffn;
@@ -39,6 +41,13 @@ void sample(GPT& model, const GptConfig& g, const std::vector<uint8_t>& vocab,
     const Tensor last = h.value().reshape({t, g.d_model}).narrow(0, t - 1, 1);
     const Var logits = fn::linear(Var(last), model.token_embedding(), Var());
     std::vector<double> l = logits.value().to_vector();
+    if (temperature == 0.0) {
+      const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      ids.push_back(next);
+      std::fputs(train::decode_chars(vocab, {next}).c_str(), stdout);
+      std::fflush(stdout);
+      continue;
+    }
     std::vector<double> sorted = l;
     std::sort(sorted.rbegin(), sorted.rend());
     const double cut = top_k > 0 && top_k < static_cast<int64_t>(l.size()) ? sorted[top_k - 1]
@@ -74,11 +83,12 @@ int main(int argc, char** argv) {
   app.add_option("run", run, "Run directory (uses its latest checkpoint) or a ckpt-* directory")
       ->required();
   app.add_option("--prompt", prompt, "Text to continue (default: a newline)");
-  app.add_option("--tokens", tokens, "How many tokens to generate")->check(CLI::PositiveNumber);
-  app.add_option("--temperature", temperature, "Softmax temperature (> 0)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--tokens", tokens, "How many tokens to generate")
+      ->check(train::integer_at_least(1));
+  app.add_option("--temperature", temperature, "Softmax temperature (0: greedy, the most likely token)")
+      ->check(train::number_at_least(0.0));
   app.add_option("--top-k", top_k, "Sample among the k most likely tokens only (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(train::integer_at_least(0));
   app.add_option("--seed", seed, "Sampling seed");
   app.add_option("--device", device, "auto | cpu | cuda[:N]");
   try {

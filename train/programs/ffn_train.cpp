@@ -1,8 +1,10 @@
 // train/programs/ffn_train.cpp — `ffn-train CONFIG [--set k=v]… [--resume DIR]`: the main job.
 //
-// Exit codes: 0 done; 1 runtime failure (bad checkpoint, non-finite training, CUDA/NCCL
-// error, a peer lost); 2 configuration error (bad flags, unknown/mistyped/out-of-range
-// config keys), reported before any device memory is allocated.
+// Exit codes: 0 done, or stopped by a SIGTERM/SIGINT after writing a checkpoint (Note
+// [Graceful stop]: the output and metrics.jsonl say "stopped"; a second signal aborts with
+// 128 + signal); 1 runtime failure (bad checkpoint, non-finite training, CUDA/NCCL error, a
+// peer lost); 2 configuration error (bad flags, unknown/mistyped/out-of-range config keys),
+// reported before any device memory is allocated.
 //
 // Data parallel: `--nproc N` (or runtime.nproc) starts N local workers of this same command
 // (train/dist/dist.h); under torchrun/srun/mpirun-style launchers the RANK/WORLD_SIZE/LOCAL_RANK/
@@ -15,7 +17,9 @@
 
 #include "core/error.h"
 #include "train/dist/dist.h"
+#include "train/programs/cli_checks.h"
 #include "train/run_dir.h"
+#include "train/stop.h"
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
@@ -42,16 +46,16 @@ int main(int argc, char** argv) {
                "Start fresh even if run.dir holds checkpoints (deletes them and the metrics)");
   app.add_option("--stop-after", stop_after,
                  "Run at most N iterations in this process, checkpoint and exit (resume later)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(ffn::train::integer_at_least(0));
   app.add_flag("--quiet", quiet, "No progress display (metrics.jsonl is still written)");
   app.add_option("--nproc", nproc,
                  "Data parallel on N local GPUs: start N worker processes (default: runtime.nproc)")
-      ->check(CLI::PositiveNumber);
+      ->check(ffn::train::integer_at_least(1));
   app.add_option("--bucket-mb", bucket_mb, "Gradient all-reduce bucket size in MiB (data parallel)")
-      ->check(CLI::PositiveNumber);
+      ->check(ffn::train::integer_at_least(1));
   app.add_option("--comm-timeout", comm_timeout,
                  "Seconds a collective may take before the run is aborted (data parallel)")
-      ->check(CLI::PositiveNumber);
+      ->check(ffn::train::number_at_least(0.0, /*strict=*/true));
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   try {
     app.parse(argc, argv);
@@ -89,7 +93,12 @@ int main(int argc, char** argv) {
     opt.quiet = quiet;
     opt.bucket_mb = bucket_mb;
     opt.comm_timeout_s = comm_timeout;
-    ffn::train::run_training(cfg, opt);
+    ffn::train::install_stop_handlers();
+    const ffn::train::TrainResult res = ffn::train::run_training(cfg, opt);
+    if (res.stop_signal && quiet)
+      std::printf("stopped by %s at iter %lld (not finished); continue with: ffn-train --resume %s\n",
+                  ffn::train::signal_name(res.stop_signal), static_cast<long long>(res.iters_done),
+                  res.run_dir.c_str());
     return 0;
   } catch (const ffn::Error& e) {
     std::fprintf(stderr, "\nffn-train: error: %s\n", e.what());

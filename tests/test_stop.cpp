@@ -1,0 +1,286 @@
+// tests/test_stop.cpp — runs that survive preemption and full disks (Note [Graceful stop]):
+// SIGTERM mid-run checkpoints the iteration reached and resumes bit-exactly (one process,
+// two in-process ranks, and the real ffn-train binary); --resume passes over a damaged newest
+// checkpoint; a failed save leaves no temp directory; ffn-sample's greedy decoding and its
+// range errors.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tests/test_util.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/dist/comm.h"
+#include "train/run_dir.h"
+#include "train/stop.h"
+#include "train/trainer.h"
+
+using namespace ffn;
+using namespace ffn::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path fresh(const std::string& name) {
+  const fs::path p =
+      fs::temp_directory_path() / ("ffn-stop-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Config tiny(const fs::path& dir, int64_t iters) {
+  return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
+                      {"run.dir=" + dir.string(), "train.iters=" + std::to_string(iters),
+                       "runtime.device=cpu", "run.eval_every=4", "run.eval_iters=2",
+                       "run.log_every=1", "model.dropout=0.1", "train.batch_size=4"});
+}
+
+// metrics.jsonl lines holding `key`, without the timing fields.
+std::vector<std::string> lines_with(const fs::path& dir, const char* key) {
+  std::ifstream in(dir / "metrics.jsonl");
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);)
+    if (l.find(key) != std::string::npos) out.push_back(l.substr(0, l.find("\"ms_per_iter\"")));
+  return out;
+}
+
+TrainOptions quiet() {
+  TrainOptions o;
+  o.quiet = true;
+  return o;
+}
+
+// The stop handlers for one test case; the defaults again afterwards (so Ctrl-C still stops
+// the test binary at once).
+struct StopHandlers {
+  StopHandlers() {
+    install_stop_handlers();
+    reset_stop_request();
+  }
+  ~StopHandlers() {
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGINT, SIG_DFL);
+    reset_stop_request();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("stop 1: SIGTERM mid-run checkpoints the iteration reached; resume equals the straight run") {
+  const StopHandlers handlers;
+  const fs::path root = fresh("one");
+  run_training(tiny(root / "a", 12), quiet());
+
+  TrainOptions o = quiet();
+  o.after_step = [](int64_t done) {
+    if (done == 7) {
+      std::raise(SIGTERM);
+      std::raise(SIGTERM);  // the same request twice at once (launcher + scheduler): no abort
+    }
+  };
+  const TrainResult r = run_training(tiny(root / "b", 12), o);
+  reset_stop_request();
+  CHECK(r.stop_signal == SIGTERM);
+  CHECK(r.iters_done == 7);
+  CHECK(r.last_checkpoint == (root / "b" / "ckpt-7").string());
+  CHECK(resolve_checkpoint((root / "b").string()) == (root / "b" / "ckpt-7").string());
+  const auto stopped = lines_with(root / "b", "\"event\"");
+  REQUIRE(stopped.size() == 1);
+  CHECK(stopped[0] == "{\"iter\": 7, \"event\": \"stopped\", \"signal\": \"SIGTERM\"}");
+  CHECK(lines_with(root / "a", "\"event\"").empty());  // a finished run has no such line
+
+  TrainOptions again = quiet();
+  again.resume = (root / "b").string();
+  const TrainResult r2 = run_training(tiny(root / "b", 12), again);
+  CHECK(r2.stop_signal == 0);
+  CHECK(r2.iters_done == 12);
+  CHECK(lines_with(root / "a", "train_loss") == lines_with(root / "b", "train_loss"));
+  CHECK(lines_with(root / "a", "val_loss") == lines_with(root / "b", "val_loss"));
+  for (const char* f : {"model.safetensors", "optim.safetensors"})
+    CHECK_MESSAGE(slurp(root / "a" / "ckpt-12" / f) == slurp(root / "b" / "ckpt-12" / f), f);
+  fs::remove_all(root);
+}
+
+TEST_CASE("stop 2: two in-process ranks stop at the same agreed iteration and resume bit-exactly") {
+  const StopHandlers handlers;
+  const fs::path root = fresh("two");
+  auto run2 = [&](const std::string& dir, const std::string& resume, bool signal_at_3) {
+    auto group = make_thread_group(2);
+    std::vector<TrainResult> res(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        TrainOptions o = quiet();
+        o.comm = group[r].get();
+        o.resume = resume;
+        // Only rank 0 sees the request, at iteration 3; both stop at the next agreement.
+        if (signal_at_3 && r == 0)
+          o.after_step = [](int64_t done) {
+            if (done == 3) std::raise(SIGTERM);
+          };
+        res[r] = run_training(tiny(root / dir, 2 * kStopAgreeEvery), o);
+      });
+    for (auto& t : ts) t.join();
+    return res;
+  };
+  run2("a", "", false);
+  const auto stopped = run2("b", "", true);
+  reset_stop_request();
+  for (const TrainResult& r : stopped) {
+    CHECK(r.stop_signal == SIGTERM);
+    CHECK(r.iters_done == kStopAgreeEvery);
+  }
+  CHECK(fs::exists(root / "b" / ("ckpt-" + std::to_string(kStopAgreeEvery)) / "state.toml"));
+  const auto resumed = run2("b", (root / "b").string(), false);
+  CHECK(resumed[0].iters_done == 2 * kStopAgreeEvery);
+  CHECK(lines_with(root / "a", "train_loss") == lines_with(root / "b", "train_loss"));
+  const std::string last = "ckpt-" + std::to_string(2 * kStopAgreeEvery);
+  for (const char* f : {"model.safetensors", "optim.safetensors"})
+    CHECK_MESSAGE(slurp(root / "a" / last / f) == slurp(root / "b" / last / f), f);
+  fs::remove_all(root);
+}
+
+TEST_CASE("stop 3: ffn-train stopped with SIGTERM exits 0 with a checkpoint and says how to continue") {
+  const fs::path root = fresh("cli");
+  const fs::path run = root / "run", out = root / "out.txt";
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    const std::string cfg = std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml";
+    const std::string dir = "run.dir=" + run.string();
+    execl(FFN_TRAIN_BIN, FFN_TRAIN_BIN, cfg.c_str(), "--set", dir.c_str(), "--set",
+          "runtime.device=cpu", "--set", "train.iters=100000", "--set", "run.log_every=1",
+          "--set", "run.eval_every=100000", "--quiet", static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  // Wait until it has trained a few steps, then ask it to stop.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (lines_with(run, "train_loss").size() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(lines_with(run, "train_loss").size() >= 3);
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  const std::string text = slurp(out);
+  REQUIRE_MESSAGE(WIFEXITED(st), text);
+  CHECK_MESSAGE(WEXITSTATUS(st) == 0, text);
+  CHECK_MESSAGE(text.find("stopped by SIGTERM at iter") != std::string::npos, text);
+  CHECK_MESSAGE(text.find("ffn-train --resume " + run.string()) != std::string::npos, text);
+  const auto ckpts = list_checkpoints(run.string());
+  REQUIRE(ckpts.size() == 1);
+  CHECK(ckpts[0].first >= 3);
+  CHECK(read_train_state(ckpts[0].second).iter == ckpts[0].first);
+  fs::remove_all(root);
+}
+
+TEST_CASE("stop 4: --resume of a run passes over a damaged newest checkpoint and leaves it in place") {
+  const fs::path root = fresh("fallback");
+  run_training(tiny(root, 8), quiet());  // ckpt-4 and ckpt-8
+  const fs::path model8 = root / "ckpt-8" / "model.safetensors";
+  std::string bytes = slurp(model8);
+  bytes[bytes.size() / 2] ^= 1;
+  std::ofstream(model8, std::ios::binary) << bytes;
+
+  const ResumePoint at = resolve_resume(root.string());
+  CHECK(at.ckpt_dir == (root / "ckpt-4").string());
+  REQUIRE(at.skipped.size() == 1);
+  CHECK_MESSAGE(at.skipped[0].find("ckpt-8/model.safetensors' is corrupted") != std::string::npos,
+                at.skipped[0]);
+  // Named explicitly, the damaged one is refused rather than replaced.
+  CHECK_THROWS_AS(read_train_state(resolve_resume((root / "ckpt-8").string()).ckpt_dir), Error);
+
+  TrainOptions o = quiet();
+  o.resume = root.string();
+  CHECK(run_training(tiny(root, 8), o).iters_done == 8);
+  CHECK(fs::exists(root / "branch-1" / "ckpt-8" / "model.safetensors"));  // kept, set aside
+  CHECK(read_train_state((root / "ckpt-8").string()).iter == 8);          // the new one
+
+  // Nothing intact: the error lists every checkpoint's problem.
+  for (const auto& [iter, dir] : list_checkpoints(root.string()))
+    std::ofstream(fs::path(dir) / "optim.safetensors", std::ios::binary) << "x";
+  CHECK_THROWS_WITH_AS(resolve_resume(root.string()), doctest::Contains("has no intact checkpoint"),
+                       Error);
+  fs::remove_all(root);
+}
+
+TEST_CASE("stop 5: a save that fails (file size limit) removes its temp directory; latest stays") {
+  const fs::path root = fresh("fullsave");
+  TrainState st;
+  st.iter = 1;
+  Generator g(3);
+  const NamedTensors small{{"w", Tensor::randn({16, 16}, g)}};
+  CHECK(save_checkpoint(root.string(), st, small, small, "", 3) == (root / "ckpt-1").string());
+  // A file size limit stands in for a full disk (it works without root): writes past it fail
+  // with EFBIG instead of killing the process with SIGXFSZ.
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto* old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit lim = old;
+  lim.rlim_cur = 64 * 1024;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+  st.iter = 2;
+  const NamedTensors big{{"w", Tensor::randn({512, 512}, g)}};  // 1 MiB of f32
+  std::string err;
+  try {
+    save_checkpoint(root.string(), st, big, big, "", 3);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  CHECK_MESSAGE(err.find("saving '" + (root / "ckpt-2").string() + "' failed") != std::string::npos,
+                err);
+  CHECK_MESSAGE(err.find("the checkpoint needs about 2.0 MiB") != std::string::npos, err);
+  CHECK_MESSAGE(err.find(" free on that file system") != std::string::npos, err);
+  CHECK(!fs::exists(root / "ckpt-2.tmp"));
+  CHECK(!fs::exists(root / "ckpt-2"));
+  CHECK(resolve_checkpoint(root.string()) == (root / "ckpt-1").string());
+  CHECK(read_train_state((root / "ckpt-1").string()).iter == 1);
+  fs::remove_all(root);
+}
+
+TEST_CASE("sampler: --temperature 0 is greedy; range errors name the flag and the value") {
+  const fs::path root = fresh("sample");
+  run_training(tiny(root, 2), quiet());
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string(FFN_SAMPLE_BIN) + " " + root.string() + " " + args +
+                            " > " + (root / "out.txt").string() + " 2>&1";
+    const int st = std::system(cmd.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  REQUIRE(run("--temperature 0 --tokens 40 --seed 1") == 0);
+  const std::string greedy1 = slurp(root / "out.txt");
+  REQUIRE(run("--temperature 0 --tokens 40 --seed 2") == 0);
+  CHECK(slurp(root / "out.txt") == greedy1);  // no draws: the seed does not matter
+  CHECK(greedy1.size() > 40);
+  CHECK(run("--tokens -1") == 2);
+  CHECK_MESSAGE(slurp(root / "out.txt").find("--tokens: expected an integer >= 1, got -1") !=
+                    std::string::npos,
+                slurp(root / "out.txt"));
+  CHECK(run("--temperature -0.5") == 2);
+  CHECK_MESSAGE(slurp(root / "out.txt").find("--temperature: expected a number >= 0, got -0.5") !=
+                    std::string::npos,
+                slurp(root / "out.txt"));
+  fs::remove_all(root);
+}
