@@ -284,3 +284,24 @@ TEST_CASE("sampler: --temperature 0 is greedy; range errors name the flag and th
                 slurp(root / "out.txt"));
   fs::remove_all(root);
 }
+
+TEST_CASE("resume auto: starts the run when run.dir has no checkpoint, continues it when it has") {
+  const fs::path root = fresh("auto");
+  const std::string base = std::string(FFN_TRAIN_BIN) + " " + FFN_SOURCE_DIR +
+                           "/configs/tiny.toml --resume auto --set runtime.device=cpu --set run.dir=" +
+                           (root / "run").string() + " --set run.eval_every=2 --set run.eval_iters=1 ";
+  auto run = [&](const std::string& args) {
+    const int st = std::system((base + args + " > " + (root / "out.txt").string() + " 2>&1").c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  REQUIRE(run("--set train.iters=2") == 0);
+  CHECK(read_train_state(resolve_checkpoint((root / "run").string())).iter == 2);
+  REQUIRE(run("--set train.iters=4") == 0);
+  CHECK_MESSAGE(slurp(root / "out.txt").find("resumed from " + (root / "run" / "ckpt-2").string()) !=
+                    std::string::npos,
+                slurp(root / "out.txt"));
+  CHECK(read_train_state(resolve_checkpoint((root / "run").string())).iter == 4);
+  // Without a config file there is no run.dir to look in.
+  CHECK(std::system((std::string(FFN_TRAIN_BIN) + " --resume auto > /dev/null 2>&1").c_str()) != 0);
+  fs::remove_all(root);
+}

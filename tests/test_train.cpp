@@ -169,6 +169,27 @@ TEST_CASE("data: character vocabulary, token files in both layouts, deterministi
   const auto plain = read_token_file((dir / "plain.bin").string());
   CHECK(plain == read_token_file((dir / "llmc.bin").string()));
   CHECK(plain[5] == 185);
+  CHECK(read_token_file_layout((dir / "llmc.bin").string()).layout == "llm.c v1 header");
+  CHECK(read_token_file_layout((dir / "plain.bin").string()).layout == "headerless uint16");
+  // Note [Token file layouts]: an llm.c file with a foreign magic is refused, not read as
+  // tokens; version 2 holds uint32 tokens; other versions are named.
+  auto llmc = [&](const char* name, int32_t magic, int32_t version, int width) {
+    std::ofstream f(dir / name, std::ios::binary);
+    int32_t header[256] = {magic, version, static_cast<int32_t>(toks.size())};
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    for (uint16_t t : toks) {
+      const uint32_t w = t;
+      f.write(reinterpret_cast<const char*>(&w), width);
+    }
+    return (dir / name).string();
+  };
+  CHECK_THROWS_WITH_AS(read_token_file(llmc("magic.bin", 12345, 1, 2)),
+                       doctest::Contains("looks like an llm.c token file"), Error);
+  CHECK_THROWS_WITH_AS(read_token_file(llmc("magic.bin", 12345, 1, 2)),
+                       doctest::Contains("its magic is 12345, not 20240520"), Error);
+  CHECK(read_token_file(llmc("v2.bin", 20240520, 2, 4)) == plain);
+  CHECK_THROWS_WITH_AS(read_token_file(llmc("v7.bin", 20240520, 7, 2)),
+                       doctest::Contains("llm.c header version 7"), Error);
   fs::resize_file(dir / "llmc.bin", 1024 + 100);
   CHECK_THROWS_WITH_AS(read_token_file((dir / "llmc.bin").string()),
                        doctest::Contains("header says 300 tokens"), Error);

@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <tuple>
 
 #include "core/philox.h"
+#include "train/metrics.h"  // format_count
 
 namespace ffn::train {
 
@@ -79,44 +81,87 @@ std::string decode_chars(const std::vector<uint8_t>& chars, const std::vector<in
   return s;
 }
 
-std::vector<int32_t> read_token_file(const std::string& path, const char* key) {
+// Note [Token file layouts]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// nanoGPT writes bare uint16 tokens; llm.c a 1024-byte header of 256 int32 (magic 20240520,
+// version 1: uint16 tokens; version 2: uint32 tokens; then the token count) before them.
+// A file whose first int32 is the magic is llm.c's and its version and count must agree
+// with its size. A file that starts with another int32 but whose third int32 is a token
+// count that, after a 1024-byte header, matches its size exactly is almost surely an llm.c
+// file with a damaged or foreign magic, not tokens: it is refused, naming the file, rather
+// than trained on with its header as 512 tokens.
+TokenFile read_token_file_layout(const std::string& path, const char* key) {
   const std::string bytes = read_file(path, key);
-  size_t begin = 0, count = 0;
+  TokenFile f;
+  size_t begin = 0, count = 0, width = 2;
   int32_t header[3] = {0, 0, 0};
   if (bytes.size() >= 1024) std::memcpy(header, bytes.data(), sizeof(header));
-  if (header[0] == 20240520) {  // llm.c
-    if (header[1] != 1)
+  const auto fits = [&](size_t w) {
+    return header[2] > 0 && bytes.size() == 1024 + w * static_cast<size_t>(header[2]);
+  };
+  if (header[0] == 20240520) {
+    if (header[1] != 1 && header[1] != 2)
       config_error(std::string(key) + ": '" + path + "' has llm.c header version " +
-                 std::to_string(header[1]) + " (expected 1)");
+                   std::to_string(header[1]) + " (this build reads 1: uint16 tokens, 2: uint32)");
     begin = 1024;
-    count = static_cast<size_t>(header[2]);
-    if (bytes.size() != begin + 2 * count)
+    width = header[1] == 1 ? 2 : 4;
+    count = static_cast<size_t>(std::max(header[2], 0));
+    if (bytes.size() != begin + width * count)
       config_error(std::string(key) + ": '" + path + "' header says " + std::to_string(count) +
-                 " tokens but the file holds " + std::to_string((bytes.size() - begin) / 2) +
-                 " (truncated?)");
+                   " tokens but the file holds " + std::to_string((bytes.size() - begin) / width) +
+                   " (truncated?)");
+    f.layout = "llm.c v" + std::to_string(header[1]) + " header";
+  } else if (bytes.size() >= 1024 && (fits(2) || fits(4))) {
+    config_error(std::string(key) + ": '" + path + "' looks like an llm.c token file (after a " +
+                 "1024-byte header its third int32, " + std::to_string(header[2]) +
+                 ", is the number of tokens the file holds) but its magic is " +
+                 std::to_string(header[0]) + ", not 20240520; refusing to read the header as " +
+                 "tokens. Rewrite the header, or strip the first 1024 bytes for a headerless file");
   } else {
     if (bytes.size() % 2 != 0)
-      config_error(std::string(key) + ": '" + path + "' has an odd size (" + std::to_string(bytes.size()) +
-                 " bytes); expected uint16 tokens");
+      config_error(std::string(key) + ": '" + path + "' has an odd size (" +
+                   std::to_string(bytes.size()) + " bytes); expected uint16 tokens");
     count = bytes.size() / 2;
+    f.layout = "headerless uint16";
   }
-  std::vector<int32_t> out(count);
+  f.ids.resize(count);
   for (size_t i = 0; i < count; ++i) {
-    uint16_t t;
-    std::memcpy(&t, bytes.data() + begin + 2 * i, 2);
-    out[i] = t;
+    if (width == 2) {
+      uint16_t t;
+      std::memcpy(&t, bytes.data() + begin + 2 * i, 2);
+      f.ids[i] = t;
+    } else {
+      uint32_t t;
+      std::memcpy(&t, bytes.data() + begin + 4 * i, 4);
+      if (t > static_cast<uint32_t>(std::numeric_limits<int32_t>::max()))
+        config_error(std::string(key) + ": '" + path + "' token " + std::to_string(i) + " is " +
+                     std::to_string(t) + ", beyond int32");
+      f.ids[i] = static_cast<int32_t>(t);
+    }
   }
-  return out;
+  return f;
+}
+
+std::vector<int32_t> read_token_file(const std::string& path, const char* key) {
+  return read_token_file_layout(path, key).ids;
 }
 
 Dataset load_dataset(const DataSection& d, int64_t context) {
   Dataset ds;
   std::vector<int32_t> all;
   if (d.kind == DataKind::tokens) {
-    all = read_token_file(d.path, "data.path");
+    TokenFile tf = read_token_file_layout(d.path, "data.path");
+    all = std::move(tf.ids);
+    ds.describe = "tokens from " + d.path + " (" + tf.layout + ", " +
+                  format_count(static_cast<double>(all.size())) + " tokens)";
     if (!d.val_path.empty()) {
       ds.train = std::move(all);
-      ds.val = read_token_file(d.val_path, "data.val_path");
+      TokenFile vf = read_token_file_layout(d.val_path, "data.val_path");
+      ds.val = std::move(vf.ids);
+      ds.describe += ", val " + d.val_path + " (" + vf.layout + ", " +
+                     format_count(static_cast<double>(ds.val.size())) + " tokens)";
+    } else {
+      ds.describe += ", val the last " + std::to_string(static_cast<int>(d.val_fraction * 100 + 0.5)) + "%";
     }
     auto max_of = [](const std::vector<int32_t>& v) {
       return v.empty() ? -1 : *std::max_element(v.begin(), v.end());
@@ -124,7 +169,7 @@ Dataset load_dataset(const DataSection& d, int64_t context) {
     ds.train_max_id = max_of(ds.train.empty() ? all : ds.train);
     ds.val_max_id = d.val_path.empty() ? ds.train_max_id : max_of(ds.val);
     ds.vocab_size = std::max(ds.train_max_id, ds.val_max_id) + 1;
-    ds.describe = "tokens from " + d.path;
+    ds.describe += "; vocab = largest id + 1 = " + std::to_string(ds.vocab_size);
   } else {
     const bool text_file = d.kind == DataKind::text;
     const std::string text = text_file ? read_file(d.path, "data.path") : synthetic_corpus();

@@ -41,7 +41,12 @@ Dataset load_dataset(const DataSection& d, int64_t context);
 void check_vocab(const Dataset& ds, const DataSection& d, int64_t vocab);
 // The embedded synthetic corpus (deterministic).
 std::string synthetic_corpus();
-// Reads a uint16 token file (either layout); errors name `key` and the file.
+// Reads a token file (Note [Token file layouts]); errors name `key` and the file.
+struct TokenFile {
+  std::vector<int32_t> ids;
+  std::string layout;  // "headerless uint16", "llm.c v1 header", ...
+};
+TokenFile read_token_file_layout(const std::string& path, const char* key = "data.path");
 std::vector<int32_t> read_token_file(const std::string& path, const char* key = "data.path");
 
 // Encodes text with a character vocabulary; an unknown byte is an error naming it.

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "train/dist/dist.h"
+#include "train/checkpoint.h"
 #include "train/programs/cli_checks.h"
 #include "train/run_dir.h"
 #include "train/stop.h"
@@ -39,9 +40,11 @@ int main(int argc, char** argv) {
   app.add_option("--set", sets,
                  "Override a config key: section.key=value (repeatable), e.g. --set train.lr=3e-4");
   app.add_option("--resume", resume,
-                 "Continue a run from its directory (latest checkpoint) or a ckpt-* directory, "
-                 "writing into that run; --set may change e.g. train.iters, not the model, data, "
-                 "seed, batch size or precision");
+                 "Continue a run from its directory (its newest intact checkpoint) or a ckpt-* "
+                 "directory, writing into that run; --set may change e.g. train.iters, not the "
+                 "model, data, seed, batch size or precision. 'auto' (with a config file): "
+                 "continue run.dir if it holds a checkpoint, else start it (for relaunches by "
+                 "torchrun --max-restarts or a scheduler's requeue)");
   app.add_flag("--overwrite", overwrite,
                "Start fresh even if run.dir holds checkpoints (deletes them and the metrics)");
   app.add_option("--stop-after", stop_after,
@@ -69,14 +72,17 @@ int main(int argc, char** argv) {
       set += std::to_string(nproc);
       sets.push_back(set);
     }
-    if (config_path.empty() && resume.empty()) {
-      std::fprintf(stderr, "ffn-train: a config file is required (or --resume RUN_DIR)\n%s",
+    if (config_path.empty() && (resume.empty() || resume == "auto")) {
+      std::fprintf(stderr, "ffn-train: a config file is required (or --resume RUN_DIR)%s\n%s",
+                   resume == "auto" ? "; --resume auto looks in the config's run.dir" : "",
                    app.help().c_str());
       return 2;
     }
     const ffn::train::Config cfg = config_path.empty()
                                        ? ffn::train::resume_config(resume, sets)
                                        : ffn::train::Config::load(config_path, sets);
+    if (resume == "auto")  // every rank decides alike: nothing is written before they start
+      resume = ffn::train::list_checkpoints(cfg.run.dir).empty() ? "" : cfg.run.dir;
     if (cfg.runtime.nproc > 1 && !std::getenv("RANK") && !print_config) {
       // The launcher: N copies of this command, each a rank (they re-read the config).
       std::vector<std::string> args(argv, argv + argc);
@@ -95,10 +101,11 @@ int main(int argc, char** argv) {
     opt.comm_timeout_s = comm_timeout;
     ffn::train::install_stop_handlers();
     const ffn::train::TrainResult res = ffn::train::run_training(cfg, opt);
-    if (res.stop_signal && quiet)
-      std::printf("stopped by %s at iter %lld (not finished); continue with: ffn-train --resume %s\n",
+    if (res.stop_signal && quiet && !res.last_checkpoint.empty())  // the writing rank
+      std::printf("stopped by %s at iter %lld (not finished): checkpoint %s\n"
+                  "continue with: ffn-train --resume %s\n",
                   ffn::train::signal_name(res.stop_signal), static_cast<long long>(res.iters_done),
-                  res.run_dir.c_str());
+                  res.last_checkpoint.c_str(), res.run_dir.c_str());
     return 0;
   } catch (const ffn::Error& e) {
     std::fprintf(stderr, "\nffn-train: error: %s\n", e.what());
