@@ -243,6 +243,65 @@ TEST_CASE("safetensors round trip; truncated, bit-flipped, zero-byte and newer f
   fs::remove_all(dir);
 }
 
+TEST_CASE("safetensors: the reference checks — overlap, gap, trailing bytes, metadata types, dtype named") {
+  const fs::path dir = temp_dir("stcheck");
+  // A file from a header and data, as another writer might lay it out.
+  auto craft = [&](const std::string& name, const std::string& header, size_t data_bytes) {
+    std::string f(8, '\0');
+    const uint64_t n = header.size();
+    std::memcpy(f.data(), &n, 8);
+    f += header + std::string(data_bytes, '\x01');
+    std::ofstream(dir / name, std::ios::binary) << f;
+    return (dir / name).string();
+  };
+  // Valid, with tensors stored in the reverse of name order.
+  const auto ok = load_safetensors(craft(
+      "ok.st", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}})",
+      16));
+  CHECK(ok.size() == 2);
+  CHECK_THROWS_WITH_AS(
+      load_safetensors(craft("overlap.st",
+                             R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                             12)),
+      doctest::Contains("overlap"), Error);
+  CHECK_THROWS_WITH_AS(
+      load_safetensors(craft("gap.st",
+                             R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
+                             20)),
+      doctest::Contains("bytes [8, 12) before tensor 'b' belong to no tensor"), Error);
+  CHECK_THROWS_WITH_AS(
+      load_safetensors(craft("tail.st", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 12)),
+      doctest::Contains("4 bytes of data after the last tensor"), Error);
+  CHECK_THROWS_WITH_AS(
+      load_safetensors(craft("meta.st",
+                             R"({"__metadata__":{"step":3},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                             8)),
+      doctest::Contains("__metadata__ value of 'step' is not a string"), Error);
+  CHECK_THROWS_WITH_AS(
+      load_safetensors(craft("dtype.st", R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2)),
+      doctest::Contains("has dtype 'F8_E4M3', which this reader does not take"), Error);
+  CHECK_THROWS_WITH_AS(
+      load_safetensors(craft("offs.st", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8)),
+      doctest::Contains("no data_offsets [begin, end]"), Error);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a checkpoint file replaced by a valid but different safetensors file is named as such") {
+  const fs::path dir = temp_dir("replaced");
+  TrainState st;
+  st.iter = 3;
+  Generator g(2);
+  const NamedTensors ts{{"w", ffn::test::rand64({4, 4}, g).to(DType::f32)},
+                        {"v", ffn::test::rand64({4}, g).to(DType::f32)}};
+  const std::string ck = save_checkpoint(dir.string(), st, ts, ts, "", 2);
+  // The same tensors rewritten with other metadata: valid, smaller, not what was recorded.
+  save_safetensors((fs::path(ck) / "model.safetensors").string(), ts);
+  CHECK_THROWS_WITH_AS(read_train_state(ck),
+                       doctest::Contains("is a valid safetensors file but not the one this checkpoint wrote"),
+                       Error);
+  fs::remove_all(dir);
+}
+
 namespace {
 Config tiny_config(const std::string& dir, int64_t iters) {
   return Config::parse(slurp(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml"), "tiny.toml",

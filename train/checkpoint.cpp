@@ -173,12 +173,25 @@ TrainState read_train_state(const std::string& dir) {
     FFN_CHECK(fs::exists(file), "[checkpoint] '", file, "' is missing");
     const std::string b = read_bytes(file);
     const int64_t want = get_i((std::string(f) + "_bytes").c_str());
+    const std::string crc = t[std::string(f) + "_crc32"].value<std::string>().value_or("");
+    const std::string got = hex32(crc32(b.data(), b.size()));
+    if (static_cast<int64_t>(b.size()) == want && got == crc) continue;
+    // Not the file this checkpoint wrote. Say whether it is damaged (what the safetensors
+    // checks find) or a valid file put in its place.
+    bool valid = false;
+    try {
+      (void)load_safetensors(file);
+      valid = true;
+    } catch (const Error&) {
+    }
+    if (valid)
+      FFN_THROW("[checkpoint] '", file, "' is a valid safetensors file but not the one this ",
+                "checkpoint wrote (", b.size(), " bytes, CRC-32 ", got, "; recorded ", want,
+                " bytes, ", crc, "): rewritten by another tool? Start a new run from it instead ",
+                "of resuming");
     FFN_CHECK(static_cast<int64_t>(b.size()) == want, "[checkpoint] '", file, "' has ", b.size(),
               " bytes, expected ", want, (static_cast<int64_t>(b.size()) < want ? " (truncated)" : ""));
-    const std::string crc = t[std::string(f) + "_crc32"].value<std::string>().value_or("");
-    FFN_CHECK(hex32(crc32(b.data(), b.size())) == crc, "[checkpoint] '", file,
-              "' is corrupted (file CRC-32 ", hex32(crc32(b.data(), b.size())), ", recorded ", crc,
-              ")");
+    FFN_THROW("[checkpoint] '", file, "' is corrupted (file CRC-32 ", got, ", recorded ", crc, ")");
   }
   return s;
 }

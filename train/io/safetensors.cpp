@@ -1,6 +1,7 @@
 // train/io/safetensors.cpp — safetensors read/write and CRC-32 (train/io/safetensors.h).
 #include "train/io/safetensors.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -103,49 +104,95 @@ NamedTensors load_safetensors(const std::string& path, std::map<std::string, std
             " bytes but the file has ", bytes.size());
   const json::Value h = json::parse(bytes.substr(8, hn), path);
   FFN_CHECK(h.type == json::Value::Type::object, "[checkpoint] '", path, "': header is not an object");
+  // The reference implementation's checks (Note [Safetensors checks]).
   std::map<std::string, std::string> meta;
-  if (const json::Value* m = h.find("__metadata__"))
-    for (const auto& [k, v] : m->obj) meta[k] = v.str;
+  if (const json::Value* m = h.find("__metadata__")) {
+    FFN_CHECK(m->type == json::Value::Type::object, "[checkpoint] '", path,
+              "': __metadata__ is not an object of strings");
+    for (const auto& [k, v] : m->obj) {
+      FFN_CHECK(v.type == json::Value::Type::string, "[checkpoint] '", path,
+                "': __metadata__ value of '", k, "' is not a string");
+      meta[k] = v.str;
+    }
+  }
   const size_t base = 8 + hn;
   const size_t data_size = bytes.size() - base;
-  NamedTensors out;
-  size_t covered = 0;
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    size_t begin, end;
+  };
+  std::vector<Entry> entries;
+  auto is_count = [](const json::Value& d) {
+    return d.type == json::Value::Type::number && d.integer >= 0 &&
+           d.num == static_cast<double>(d.integer);
+  };
   for (const auto& [name, e] : h.obj) {
     if (name == "__metadata__") continue;
+    const std::string where = "[checkpoint] '" + path + "': tensor '" + name + "'";
+    FFN_CHECK(e.type == json::Value::Type::object, where, " is not an object");
     const json::Value* dt = e.find("dtype");
     const json::Value* sh = e.find("shape");
     const json::Value* off = e.find("data_offsets");
-    DType dtype;
-    FFN_CHECK(dt && sh && off && off->arr.size() == 2 && parse_st_dtype(dt->str, &dtype),
-              "[checkpoint] '", path, "': bad or unsupported entry for tensor '", name, "'");
-    Shape shape;
+    FFN_CHECK(dt && dt->type == json::Value::Type::string, where, " has no dtype string");
+    FFN_CHECK(sh && sh->type == json::Value::Type::array, where, " has no shape array");
+    FFN_CHECK(off && off->type == json::Value::Type::array && off->arr.size() == 2 &&
+                  is_count(off->arr[0]) && is_count(off->arr[1]),
+              where, " has no data_offsets [begin, end] of two byte counts");
+    Entry en{name, DType::f32, {}, static_cast<size_t>(off->arr[0].integer),
+             static_cast<size_t>(off->arr[1].integer)};
+    FFN_CHECK(parse_st_dtype(dt->str, &en.dtype), where, " has dtype '", dt->str,
+              "', which this reader does not take (F64, F32, BF16, F16, I32)");
     for (const auto& d : sh->arr) {
-      FFN_CHECK(d.type == json::Value::Type::number && d.integer >= 0 &&
-                    d.num == static_cast<double>(d.integer), "[checkpoint] '", path,
-                "': tensor '", name, "' has a bad shape entry (a negative or non-integer size)");
-      shape.push_back(d.integer);
+      FFN_CHECK(is_count(d), where, " has a bad shape entry (a negative or non-integer size)");
+      en.shape.push_back(d.integer);
     }
-    const size_t b = static_cast<size_t>(off->arr[0].integer), en = static_cast<size_t>(off->arr[1].integer);
-    FFN_CHECK(b <= en && en <= data_size, "[checkpoint] '", path, "' is truncated: tensor '", name,
-              "' needs bytes [", b, ", ", en, ") of ", data_size);
+    FFN_CHECK(en.begin <= en.end, where, " has data_offsets [", en.begin, ", ", en.end,
+              "] that end before they begin");
+    FFN_CHECK(en.end <= data_size, "[checkpoint] '", path, "' is truncated: tensor '", name,
+              "' needs bytes [", en.begin, ", ", en.end, ") of ", data_size);
     // The header's size is checked against its byte range before anything is allocated.
-    double want = static_cast<double>(dtype_size(dtype));
-    for (int64_t d : shape) want *= static_cast<double>(d);
-    FFN_CHECK(want == static_cast<double>(en - b), "[checkpoint] '", path, "': tensor '", name,
-              "' has ", en - b, " bytes for shape ", shape_str(shape), " ", dt->str);
-    Tensor t = Tensor::empty(shape, dtype);
-    std::memcpy(t.data_ptr(), bytes.data() + base + b, en - b);
-    covered += en - b;
-    auto it = meta.find("crc32:" + name);
+    double want = static_cast<double>(dtype_size(en.dtype));
+    for (int64_t d : en.shape) want *= static_cast<double>(d);
+    FFN_CHECK(want == static_cast<double>(en.end - en.begin), where, " has ", en.end - en.begin,
+              " bytes for shape ", shape_str(en.shape), " ", dt->str);
+    entries.push_back(std::move(en));
+  }
+  // Byte ranges in file order must tile the data exactly: from 0, each where the previous
+  // ended, the last at the end of the file.
+  std::vector<const Entry*> by_offset;
+  for (const Entry& en : entries) by_offset.push_back(&en);
+  std::sort(by_offset.begin(), by_offset.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  size_t at = 0;
+  const Entry* prev = nullptr;
+  for (const Entry* en : by_offset) {
+    if (en->begin < at)
+      FFN_THROW("[checkpoint] '", path, "': tensors '", prev->name, "' [", prev->begin, ", ",
+                prev->end, ") and '", en->name, "' [", en->begin, ", ", en->end,
+                ") overlap (data_offsets must not share bytes)");
+    if (en->begin > at)
+      FFN_THROW("[checkpoint] '", path, "': bytes [", at, ", ", en->begin,
+                ") before tensor '", en->name, "' belong to no tensor (data_offsets must be contiguous)");
+    at = en->end;
+    prev = en;
+  }
+  FFN_CHECK(at == data_size, "[checkpoint] '", path, "': ", data_size - at,
+            " bytes of data after the last tensor belong to no tensor (corrupted or concatenated file)");
+  NamedTensors out;
+  for (const Entry& en : entries) {
+    Tensor t = Tensor::empty(en.shape, en.dtype);
+    std::memcpy(t.data_ptr(), bytes.data() + base + en.begin, en.end - en.begin);
+    auto it = meta.find("crc32:" + en.name);
     if (it != meta.end()) {
       const std::string got = hex32(crc32(t.data_ptr(), t.nbytes()));
-      FFN_CHECK(got == it->second, "[checkpoint] '", path, "': tensor '", name,
+      FFN_CHECK(got == it->second, "[checkpoint] '", path, "': tensor '", en.name,
                 "' is corrupted (CRC-32 ", got, ", recorded ", it->second, ")");
     }
-    out.emplace_back(name, std::move(t));
+    out.emplace_back(en.name, std::move(t));
   }
-  FFN_CHECK(covered == data_size, "[checkpoint] '", path, "': ", data_size - covered,
-            " bytes of data belong to no tensor (corrupted or concatenated file)");
   if (metadata) *metadata = std::move(meta);
   return out;
 }

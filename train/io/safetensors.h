@@ -2,6 +2,16 @@
 // with dtype/shape/data_offsets per tensor, raw little-endian data), with a CRC-32 per tensor
 // in the header's metadata ("crc32:<name>") that loading verifies. Checkpoints
 // (train/checkpoint.h) are made of these files.
+//
+// Note [Safetensors checks]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Loading checks what the reference implementation checks, and says which check failed:
+// the header length fits the file; the header is a JSON object; __metadata__, if present,
+// maps strings to strings; every tensor has a dtype this reader takes (named when not), a
+// shape of non-negative integers and data_offsets [begin, end] with begin <= end <= the
+// data size and end - begin = the shape's bytes; and the tensors' byte ranges, in file
+// order, tile the data exactly — from byte 0, each starting where the previous ended, the
+// last ending at the end of the file (no overlap, no gap, nothing after).
 #pragma once
 
 #include <cstddef>
