@@ -305,3 +305,53 @@ TEST_CASE("resume auto: starts the run when run.dir has no checkpoint, continues
   CHECK(std::system((std::string(FFN_TRAIN_BIN) + " --resume auto > /dev/null 2>&1").c_str()) != 0);
   fs::remove_all(root);
 }
+
+TEST_CASE("gradient accumulation: 2 micro-batches of 4 equal one batch of 8 (fp32), on 1 and 2 ranks") {
+  const fs::path root = fresh("accum");
+  auto cfg = [&](const std::string& dir, int64_t batch, int64_t accum) {
+    Config c = tiny(root / dir, 6);
+    c.model.dropout = 0.0;  // the masks would be drawn per micro-batch
+    c.train.batch_size = batch;
+    c.train.grad_accum_steps = accum;
+    return c;
+  };
+  run_training(cfg("one", 8, 1), quiet());
+  run_training(cfg("acc", 4, 2), quiet());
+  {
+    auto group = make_thread_group(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        TrainOptions o = quiet();
+        o.comm = group[r].get();
+        run_training(cfg("dp", 4, 2), o);
+      });
+    for (auto& t : ts) t.join();
+  }
+  // The same rows, summed in another order: equal to fp32 rounding.
+  auto losses = [&](const std::string& dir) {
+    std::vector<double> out;
+    for (const std::string& l : lines_with(root / dir, "train_loss")) {
+      const size_t at = l.find("\"train_loss\": ") + 14;
+      out.push_back(std::stod(l.substr(at)));
+    }
+    return out;
+  };
+  const auto one = losses("one"), acc = losses("acc"), dp = losses("dp");
+  REQUIRE(one.size() == 6);
+  REQUIRE(acc.size() == 6);
+  REQUIRE(dp.size() == 6);
+  for (size_t i = 0; i < one.size(); ++i) {
+    CHECK(acc[i] == doctest::Approx(one[i]).epsilon(1e-5));
+    CHECK(dp[i] == doctest::Approx(one[i]).epsilon(1e-5));
+  }
+  const auto w_one = load_safetensors((root / "one" / "ckpt-6" / "model.safetensors").string());
+  const auto w_acc = load_safetensors((root / "acc" / "ckpt-6" / "model.safetensors").string());
+  REQUIRE(w_one.size() == w_acc.size());
+  for (size_t k = 0; k < w_one.size(); ++k) {
+    const double scale = std::max(1.0, ffn::test::max_abs(w_one[k].second));
+    CHECK_MESSAGE(ffn::test::max_abs_diff(w_one[k].second, w_acc[k].second) < 1e-4 * scale,
+                  w_one[k].first);
+  }
+  fs::remove_all(root);
+}

@@ -180,6 +180,7 @@ std::vector<Field> fields(Config& c) {
       num_field("model.dropout", c.model.dropout, dropout_p_valid, "in [0, 1]"),
       bool_field("model.bias", c.model.bias),
       int_field("train.batch_size", c.train.batch_size, 1, ">= 1"),
+      int_field("train.grad_accum_steps", c.train.grad_accum_steps, 1, ">= 1"),
       int_field("train.iters", c.train.iters, 1, ">= 1"),
       num_field("train.lr", c.train.lr, pos, "> 0"),
       num_field("train.min_lr", c.train.min_lr, nonneg, ">= 0"),

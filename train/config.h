@@ -79,7 +79,8 @@ struct ModelSection {
 };
 
 struct TrainSection {
-  int64_t batch_size = 16;  // global batch (sequences per step, over all GPUs)
+  int64_t batch_size = 16;  // global batch of one micro-batch (sequences, over all GPUs)
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step (Note [Gradient accumulation])
   int64_t iters = 300;
   double lr = 1e-3;
   double min_lr = 1e-4;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/generator.h"
 #include "kernels/gemm.h"
@@ -150,6 +151,9 @@ struct Trainer::State {
   std::unique_ptr<AdamW> optim;
   std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<GradSync> sync;
+  // Note [Gradient accumulation]: fp32 sums of the earlier micro-batches' gradients.
+  std::vector<Tensor> grad_acc;
+  std::unordered_map<const VarImpl*, size_t> param_index;
   std::unique_ptr<Progress> progress;
   std::unique_ptr<RunRecord> record;
   std::string branch;
@@ -293,10 +297,17 @@ void Trainer::build() {
   s.optim = std::make_unique<AdamW>(s.params, ao);
   s.scaler = std::make_unique<LossScaler>(s.dt == DType::f16);
   if (s.world > 1) s.sync = std::make_unique<GradSync>(s.params, *s.comm, s.opt.bucket_mb << 20);
+  if (c.train.grad_accum_steps > 1)
+    for (size_t k = 0; k < s.params.size(); ++k) {
+      const Var& v = s.params[k].second;
+      s.param_index[v.impl()] = k;
+      s.grad_acc.push_back(Tensor::zeros(v.value().shape(), DType::f32, s.dev));
+    }
   s.data_seed = static_cast<uint64_t>(c.run.seed) * 7919 + 17;
   s.eval_seed = s.data_seed ^ 0x5eedull;
   s.decay_iters = c.train.decay_iters ? c.train.decay_iters : c.train.iters;
-  const double tokens_per_iter = static_cast<double>(c.train.batch_size * c.model.context);
+  const double tokens_per_iter =
+      static_cast<double>(c.train.batch_size * c.train.grad_accum_steps * c.model.context);
   const double flops_per_iter = s.model->flops_per_token(c.model.context) * tokens_per_iter;
   // MFU: the global batch's flops against the peak of all `world` GPUs.
   const double peak = s.dev.is_cuda() ? peak_flops(device_label(s.dev), is_half(s.dt)) *
@@ -342,13 +353,20 @@ void Trainer::announce() const {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "model: GPT %lld layers, %lld heads, d_model %lld, context %lld, ffn %s, %.2fM "
-                "params | batch %lld (%s tokens/iter) | run dir %s",
+                "params | batch %s (%s tokens/iter) | run dir %s",
                 static_cast<long long>(c.model.layers), static_cast<long long>(c.model.heads),
                 static_cast<long long>(c.model.d_model), static_cast<long long>(c.model.context),
                 name_of(kFfnKindNames, c.model.ffn),
                 static_cast<double>(s.model->num_parameters()) / 1e6,
-                static_cast<long long>(c.train.batch_size),
-                format_count(static_cast<double>(c.train.batch_size * c.model.context)).c_str(),
+                (c.train.grad_accum_steps > 1
+                     ? std::to_string(c.train.batch_size) + " x " +
+                           std::to_string(c.train.grad_accum_steps) + " micro-batches = " +
+                           std::to_string(c.train.batch_size * c.train.grad_accum_steps)
+                     : std::to_string(c.train.batch_size))
+                    .c_str(),
+                format_count(static_cast<double>(c.train.batch_size * c.train.grad_accum_steps *
+                                                 c.model.context))
+                    .c_str(),
                 s.run_dir.c_str());
   s.progress->line(buf);
   if (!s.resume_dir.empty())
@@ -435,26 +453,69 @@ void Trainer::step(int64_t it) {
   const Config& c = s.cfg;
   const double lr = lr_at(c.train.schedule, it, c.train.lr, c.train.min_lr, c.train.warmup,
                           s.decay_iters);
-  const Batch b = sample_batch(s.data.train, c.train.batch_size, c.model.context, s.data_seed,
-                               s.cursor++, s.rank, s.world);
   if (s.comm) s.comm->set_step(it + 1);
-  // Every token is < vocab_size (Note [Token ids in range]), so the per-step GPU range
-  // checks and their syncs are skipped.
-  Var loss = s.model->loss(b.x.to(s.dev), b.y.to(s.dev), /*ids_in_range=*/true);
-  const Tensor seed = Tensor::full({}, s.scaler->scale(), loss.value().dtype(), s.dev);
-  Tensor lt = loss.value().reshape({1});
+  // Note [Gradient accumulation]: micro-batch j of the step is shard j·world + rank of one
+  // global batch of batch_size · A sequences drawn at the step's cursor, so A micro-batches
+  // of B are the rows of one batch of A·B (A = 1: exactly the batches without accumulation).
+  // Each backward is seeded with scale / A; the earlier micro-batches' gradients are summed
+  // into fp32 buffers as each leaf finishes (and zeroed), the last one's leaf hook adds that
+  // sum back (one rounding to the parameter dtype) before its data-parallel all-reduce.
+  const int64_t A = c.train.grad_accum_steps;
+  Tensor lt;
+  for (int64_t j = 0; j < A; ++j) {
+    const Batch b = sample_batch(s.data.train, c.train.batch_size * A, c.model.context,
+                                 s.data_seed, s.cursor, static_cast<int>(j) * s.world + s.rank,
+                                 static_cast<int>(A) * s.world);
+    const bool last = j == A - 1;
+    // Every token is < vocab_size (Note [Token ids in range]), so the per-step GPU range
+    // checks and their syncs are skipped.
+    Var loss = s.model->loss(b.x.to(s.dev), b.y.to(s.dev), /*ids_in_range=*/true);
+    const Tensor seed = Tensor::full({}, s.scaler->scale() / static_cast<double>(A),
+                                     loss.value().dtype(), s.dev);
+    if (A == 1) {
+      lt = loss.value().reshape({1});
+    } else {
+      if (j == 0) lt = Tensor::zeros({1}, DType::f32, s.dev);
+      lt.add_(loss.value().reshape({1}), 1.0 / static_cast<double>(A));
+    }
+    Var::LeafHook hook;
+    if (A > 1 && !last) {
+      hook = [&s](const Var& v) {
+        auto k = s.param_index.find(v.impl());
+        if (k == s.param_index.end()) return;
+        s.grad_acc[k->second].add_(v.grad());
+        Tensor g = v.grad();
+        g.zero_();
+      };
+    } else if (A > 1) {
+      Var::LeafHook sync = s.sync ? s.sync->hook() : Var::LeafHook();
+      hook = [&s, sync](const Var& v) {
+        auto k = s.param_index.find(v.impl());
+        if (k != s.param_index.end()) {
+          Tensor g = v.grad();
+          g.add_(s.grad_acc[k->second]);
+          s.grad_acc[k->second].zero_();
+        }
+        if (sync) sync(v);
+      };
+    } else if (s.sync) {
+      hook = s.sync->hook();
+    }
+    if (hook)
+      loss.backward(seed, hook);
+    else
+      loss.backward(seed);
+    loss = Var();
+  }
+  ++s.cursor;
   if (s.sync) {
-    loss.backward(seed, s.sync->hook());
     s.sync->finish();  // averaged gradients on every rank
     s.buckets_total += s.sync->last().buckets;
     s.buckets_overlapped += s.sync->last().launched_in_backward;
     lt = lt.clone();
     s.comm->all_reduce(lt, true, "loss");  // a non-finite loss on any rank reaches all
     s.comm->sync();  // polls: a lost peer is an error, not a hang (Note [NCCL timeouts])
-  } else {
-    loss.backward(seed);
   }
-  loss = Var();
   if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
   s.optim->launch(lr, lt, s.scaler->scale());
   s.optim->zero_grad();
@@ -523,7 +584,8 @@ TrainResult Trainer::run() {
                                       : 0.0;
   res.ms_per_iter = s.progress->median_ms();
   if (res.ms_per_iter > 0)
-    res.tokens_per_s = static_cast<double>(s.cfg.train.batch_size * s.cfg.model.context) /
+    res.tokens_per_s = static_cast<double>(s.cfg.train.batch_size * s.cfg.train.grad_accum_steps *
+                                           s.cfg.model.context) /
                        (res.ms_per_iter / 1e3);
   summarize(res);
   return res;
