@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -104,6 +105,12 @@ std::string cuda_unavailable_reason() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
+    // Without a driver the runtime reports cudaErrorInsufficientDriver ("driver version is
+    // insufficient"), which reads as an outdated driver; say what it usually means.
+    if ((e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice) &&
+        !std::filesystem::exists("/dev/nvidiactl"))
+      return std::string("no GPU here (no NVIDIA driver loaded: /dev/nvidiactl is absent; the "
+                         "CUDA runtime says \"") + cudaGetErrorString(e) + "\")";
     return std::string("no usable GPU (") + cudaGetErrorString(e) + ")";
   }
   return n > 0 ? std::string("CUDA is available") : std::string("no GPU was found");

@@ -155,6 +155,9 @@ TEST_CASE("data: character vocabulary, token files in both layouts, deterministi
   CHECK(ds.vocab_size == 14);  // h e l o w r d t k n s , space newline
   CHECK(ds.train.size() + ds.val.size() == 26);
   CHECK(decode_chars(ds.chars, ds.train).substr(0, 5) == "hello");
+  CHECK_THROWS_WITH_AS(encode_chars(ds.chars, "hello Zed"),
+                       doctest::Contains("'Z' (byte 0x5a) at position 6 is not in the vocabulary"),
+                       Error);
   // nanoGPT (headerless) and llm.c (256 x int32 header) uint16 files hold the same tokens.
   std::vector<uint16_t> toks(300);
   for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<uint16_t>((i * 37) % 50257);

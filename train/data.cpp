@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -66,9 +67,16 @@ std::vector<int32_t> encode_chars(const std::vector<uint8_t>& chars, const std::
   std::vector<int32_t> ids(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
     const int32_t id = map[static_cast<uint8_t>(text[i])];
-    FFN_CHECK(id >= 0, "[vocab] byte 0x", std::hex, static_cast<int>(static_cast<uint8_t>(text[i])),
-              std::dec, " at position ", i, " is not in the vocabulary (", chars.size(),
-              " characters)");
+    if (id < 0) {
+      const auto byte = static_cast<uint8_t>(text[i]);
+      char shown[32];
+      if (byte >= 0x20 && byte < 0x7f)
+        std::snprintf(shown, sizeof(shown), "'%c' (byte 0x%02x)", static_cast<char>(byte), byte);
+      else
+        std::snprintf(shown, sizeof(shown), "byte 0x%02x", byte);
+      FFN_THROW("[vocab] ", shown, " at position ", i, " is not in the vocabulary (",
+                chars.size(), " characters)");
+    }
     ids[i] = id;
   }
   return ids;

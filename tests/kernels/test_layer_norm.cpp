@@ -146,7 +146,9 @@ FFN_GPU_TEST("mixed-precision LayerNorm (fp32 x, bf16 w/y) and residual add on t
         return std::vector<Tensor>{ry, rdx, rdw, rdb};
       };
       const auto r64 = ref(DType::f64), r32 = ref(DType::f32);
-      const std::string tag = " " + std::to_string(m) + "x" + std::to_string(c);
+      // (Built with append: gcc 12's -Wrestrict misfires on " " + std::to_string(...).)
+      std::string tag(" ");
+      tag.append(std::to_string(m)).append("x").append(std::to_string(c));
       check_against_reference(
           y, r64[0], r32[0], DType::bf16, "mixed ln y" + tag,
           {.reduce_len = static_cast<double>(c), .term_bound = 4 * max_abs(r64[0])});
