@@ -106,6 +106,10 @@ TEST_CASE("stop 1: SIGTERM mid-run checkpoints the iteration reached; resume equ
   REQUIRE(stopped.size() == 1);
   CHECK(stopped[0] == "{\"iter\": 7, \"event\": \"stopped\", \"signal\": \"SIGTERM\"}");
   CHECK(lines_with(root / "a", "\"event\"").empty());  // a finished run has no such line
+  // The run's config.toml says what "auto" became and prints floats as written.
+  const std::string toml = slurp(root / "b" / "config.toml");
+  CHECK_MESSAGE(toml.find("precision = \"auto\"  # resolved: f32") != std::string::npos, toml);
+  CHECK_MESSAGE(toml.find("lr = 0.003\n") != std::string::npos, toml);
 
   TrainOptions again = quiet();
   again.resume = (root / "b").string();

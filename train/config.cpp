@@ -3,6 +3,7 @@
 
 #include <toml++/toml.h>
 
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -53,11 +54,11 @@ std::string quote(const std::string& s) {
   return out + "\"";
 }
 
+// The shortest text that reads back as the same double (3e-3, not 0.0030000000000000001).
 std::string fmt_double(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  std::string s = os.str();
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  std::string s(buf, r.ptr);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
   return s;
 }
@@ -326,9 +327,11 @@ std::vector<std::pair<std::string, std::string>> Config::entries() const {
   return out;
 }
 
-std::string Config::to_toml() const {
+std::string Config::to_toml(const std::map<std::string, std::string>& resolved) const {
   std::ostringstream os;
-  os << "# fused-ffn resolved config: every key, defaults included.\n";
+  os << "# fused-ffn resolved config: every key, defaults included"
+     << (resolved.empty() ? "" : "; \"# resolved:\" is what this run used (for \"auto\" values)")
+     << ".\n";
   std::string section;
   for (const auto& [path, value] : entries()) {
     const std::string s = path.substr(0, path.find('.'));
@@ -336,7 +339,9 @@ std::string Config::to_toml() const {
       os << (section.empty() ? "" : "\n") << "[" << s << "]\n";
       section = s;
     }
-    os << path.substr(s.size() + 1) << " = " << value << "\n";
+    os << path.substr(s.size() + 1) << " = " << value;
+    if (auto it = resolved.find(path); it != resolved.end()) os << "  # resolved: " << it->second;
+    os << "\n";
   }
   return os.str();
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,8 +109,9 @@ struct Config {
   static Config parse(const std::string& toml_text, const std::string& origin,
                       const std::vector<std::string>& overrides = {});
   static Config load(const std::string& path, const std::vector<std::string>& overrides = {});
-  // Every key, resolved, as TOML (parse(to_toml()) gives back the same config).
-  std::string to_toml() const;
+  // Every key, resolved, as TOML (parse(to_toml()) gives back the same config); `resolved`
+  // adds a "# resolved: ..." comment to keys whose "auto" the run turned into something.
+  std::string to_toml(const std::map<std::string, std::string>& resolved = {}) const;
   // Every key as ("section.key", TOML value), in to_toml()'s order.
   std::vector<std::pair<std::string, std::string>> entries() const;
 };

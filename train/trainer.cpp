@@ -334,7 +334,7 @@ void Trainer::restore() {
     if (s.lead)
       s.branch = set_aside_newer_checkpoints(s.run_dir, st.iter, fs::path(s.resume_dir).filename());
   }
-  if (s.lead) std::ofstream(fs::path(s.run_dir) / "config.toml") << s.cfg.to_toml();
+  if (s.lead) std::ofstream(fs::path(s.run_dir) / "config.toml") << s.cfg.to_toml(resolved_values());
   s.record = std::make_unique<RunRecord>(s.run_dir, s.lead,
                                          s.resume_dir.empty() ? -1 : s.start_iter);
   s.end_iter = s.opt.stop_after > 0 ? std::min(s.cfg.train.iters, s.start_iter + s.opt.stop_after)
@@ -375,6 +375,12 @@ void Trainer::announce() const {
     s.progress->line("resumed from an older checkpoint: the newer ones moved to " + s.branch);
 }
 
+// What the config's "auto" values became (comments in the run's config.toml).
+std::map<std::string, std::string> Trainer::resolved_values() const {
+  const State& s = *s_;
+  return {{"runtime.device", s.dev.str()}, {"runtime.precision", dtype_name(s.dt)}};
+}
+
 std::string Trainer::checkpoint(int64_t done) {
   State& s = *s_;
   if (!s.lead) return {};
@@ -389,7 +395,7 @@ std::string Trainer::checkpoint(int64_t done) {
   t.world = s.world;
   t.vocab = s.data.chars;
   s.last_checkpoint = save_checkpoint(s.run_dir, t, values_of(s.params), s.optim->state(),
-                                     s.cfg.to_toml(), s.cfg.run.keep_checkpoints);
+                                     s.cfg.to_toml(resolved_values()), s.cfg.run.keep_checkpoints);
   s.last_checkpoint_iter = done;
   return s.last_checkpoint;
 }

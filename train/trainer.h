@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -80,6 +81,7 @@ class Trainer {
   void finish_step(int64_t done, double lr);
   void evaluate(int64_t done);
   std::string checkpoint(int64_t done);
+  std::map<std::string, std::string> resolved_values() const;
   int stop_requested(int64_t done);
   bool eval_after(int64_t done) const;
   bool checkpoint_after(int64_t done) const;
