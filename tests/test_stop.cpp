@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -358,4 +359,73 @@ TEST_CASE("gradient accumulation: 2 micro-batches of 4 equal one batch of 8 (fp3
                   w_one[k].first);
   }
   fs::remove_all(root);
+}
+
+namespace {
+// Well-formed XML as far as loss.svg goes: balanced tags, quoted attributes, no raw '<' or
+// stray '&' in text or attribute values (entities only).
+std::string xml_problem(const std::string& x) {
+  std::vector<std::string> open;
+  auto entity_ok = [&](size_t i) {
+    for (const char* e : {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"})
+      if (x.compare(i, std::strlen(e), e) == 0) return true;
+    return false;
+  };
+  for (size_t i = 0; i < x.size();) {
+    if (x[i] == '&' && !entity_ok(i)) return "a raw '&' at byte " + std::to_string(i);
+    if (x[i] == '>') return "a stray '>' at byte " + std::to_string(i);
+    if (x[i] != '<') {
+      ++i;
+      continue;
+    }
+    const bool closing = x[i + 1] == '/';
+    size_t j = i + (closing ? 2 : 1);
+    const size_t name_end = x.find_first_of(" />", j);
+    const std::string name = x.substr(j, name_end - j);
+    j = name_end;
+    bool self_close = false;
+    while (j < x.size() && x[j] != '>') {
+      if (x[j] == '"') {
+        const size_t q = x.find('"', j + 1);
+        if (q == std::string::npos) return "an unterminated attribute in <" + name;
+        for (size_t k = j + 1; k < q; ++k)
+          if (x[k] == '<' || (x[k] == '&' && !entity_ok(k))) return "a raw '<' or '&' in <" + name;
+        j = q + 1;
+        continue;
+      }
+      if (x[j] == '<') return "a '<' inside <" + name;
+      if (x[j] == '/') self_close = true;
+      ++j;
+    }
+    if (j >= x.size()) return "an unterminated <" + name;
+    if (closing) {
+      if (open.empty() || open.back() != name) return "</" + name + "> closes nothing open";
+      open.pop_back();
+    } else if (!self_close) {
+      open.push_back(name);
+    }
+    i = j + 1;
+  }
+  return open.empty() ? "" : "<" + open.back() + "> is never closed";
+}
+}  // namespace
+
+TEST_CASE("loss.svg is well-formed XML from the first logged step on, with a hostile run dir name") {
+  const fs::path root = fresh("svg") / "a&b <c> \"d\"";
+  Config c = tiny(root, 12);
+  c.run.eval_every = 1000;  // no eval until the end
+  TrainOptions o = quiet();
+  std::string early;
+  o.after_step = [&](int64_t done) {
+    if (done == 10) early = slurp(root / "loss.svg");
+  };
+  run_training(c, o);
+  REQUIRE(!early.empty());  // drawn before the first eval
+  CHECK_MESSAGE(xml_problem(early) == "", early);
+  const std::string end = slurp(root / "loss.svg");
+  CHECK_MESSAGE(xml_problem(end) == "", end);
+  CHECK(end.find("viewBox=") != std::string::npos);
+  CHECK(end.find("a&amp;b &lt;c&gt; &quot;d&quot;") != std::string::npos);
+  CHECK(xml_problem("<svg><text>a & b</text></svg>") != "");  // the checker can fail
+  fs::remove_all(root.parent_path());
 }

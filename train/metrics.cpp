@@ -63,6 +63,14 @@ void RunRecord::step(int64_t iter, double loss, double lr, double grad_norm, con
                {"tokens_per_s", json_number(w.tokens_per_s)},
                {"mfu", json_number(w.mfu)},
                {"skipped_steps", std::to_string(skipped_total)}});
+  const auto now = std::chrono::steady_clock::now();
+  if (train_.points.size() == 1 || now - drawn_ > std::chrono::seconds(2)) draw();
+}
+
+void RunRecord::draw() {
+  write_loss_svg((std::filesystem::path(dir_) / "loss.svg").string(), {train_, val_},
+                 "fused-ffn: " + dir_);
+  drawn_ = std::chrono::steady_clock::now();
 }
 
 void RunRecord::eval(int64_t iter, double val, double train, double best) {
@@ -72,8 +80,7 @@ void RunRecord::eval(int64_t iter, double val, double train, double best) {
                {"train_eval_loss", json_number(train)},
                {"best_val_loss", json_number(best)}});
   val_.points.emplace_back(static_cast<double>(iter), val);
-  write_loss_svg((std::filesystem::path(dir_) / "loss.svg").string(), {train_, val_},
-                 "fused-ffn: " + dir_);
+  draw();
 }
 
 void RunRecord::stopped(int64_t iter, const std::string& signal) {

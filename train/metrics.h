@@ -3,6 +3,7 @@
 // progress display (loss.svg is drawn by train/io/svg.h).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -34,6 +35,7 @@ class RunRecord {
   RunRecord(const std::string& run_dir, bool writer, int64_t resumed_iter /* -1: fresh */);
   void step(int64_t iter, double loss, double lr, double grad_norm, const WindowStats& w,
             int64_t skipped_total);
+  // step() redraws loss.svg at its first point and then at most every 2 s; eval() always.
   // Writes the eval line and redraws loss.svg.
   void eval(int64_t iter, double val, double train, double best);
   // {"iter": N, "event": "stopped", "signal": ...}: the run stopped early on a request
@@ -41,9 +43,12 @@ class RunRecord {
   void stopped(int64_t iter, const std::string& signal);
 
  private:
+  void draw();
+
   std::string dir_;
   std::unique_ptr<MetricsLog> log_;
   Curve train_{"train", "#1f77b4", {}}, val_{"val", "#d62728", {}};
+  std::chrono::steady_clock::time_point drawn_{};  // loss.svg's last redraw
 };
 
 std::string format_duration(double seconds);  // "1h02m", "3m12s", "42s"
