@@ -477,6 +477,11 @@ TEST_CASE("ffn-train exits 2 on config errors (before touching a GPU) and explai
   CHECK_MESSAGE(dp.find("[launch] worker") != std::string::npos, dp);
   CHECK(run("--help") == 0);
   CHECK(slurp(root / "out.txt").find("--resume") != std::string::npos);
+  // --help lists every config key with its default and a description (and no stale ones).
+  CHECK(Config::undocumented_keys() == std::vector<std::string>{});
+  CHECK_MESSAGE(slurp(root / "out.txt").find("train.grad_accum_steps = 1") != std::string::npos,
+                slurp(root / "out.txt"));
+  CHECK(slurp(root / "out.txt").find("micro-batches per optimizer step") != std::string::npos);
   CHECK(run(cfg + " --print-config --set model.layers=3") == 0);
   CHECK(slurp(root / "out.txt").find("layers = 3") != std::string::npos);
   fs::remove_all(root);

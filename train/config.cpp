@@ -9,6 +9,7 @@
 #include <functional>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -318,6 +319,81 @@ Config Config::load(const std::string& path, const std::vector<std::string>& ove
     config_error(path + ": the config file is empty; start from one in configs/ (every key has "
                  "a default, so a file may hold just a comment)");
   return parse(text, path, overrides);
+}
+
+// One line per key for `ffn-train --help` (key_help); a test checks that every key the
+// reader takes has one and that none is stale.
+const std::map<std::string, std::string>& key_docs() {
+  static const std::map<std::string, std::string> docs = {
+      {"run.dir", "where metrics.jsonl, loss.svg, config.toml and checkpoints go"},
+      {"run.seed", "seeds the weights, the data order and the dropout masks"},
+      {"run.log_every", "iterations between progress lines and metrics.jsonl entries"},
+      {"run.eval_every", "iterations between val/train loss estimates"},
+      {"run.eval_iters", "batches per loss estimate"},
+      {"run.checkpoint_every", "iterations between checkpoints (0: at every eval)"},
+      {"run.keep_checkpoints", "how many checkpoints to keep (the newest)"},
+      {"runtime.device", "\"auto\" (the GPU if there is one), \"cpu\", \"cuda\" or \"cuda:N\""},
+      {"runtime.precision", "\"auto\" (bf16 on GPUs, fp32 on the CPU), \"fp32\", \"bf16\" or \"fp16\""},
+      {"runtime.nproc", "data-parallel processes, one GPU each (same as --nproc)"},
+      {"runtime.gemm_autotune", "time cuBLASLt candidates per shape (faster; resume not bit-exact)"},
+      {"runtime.fp32_residual", "16-bit runs: keep the residual stream in fp32"},
+      {"runtime.fused_attention", "GPU 16-bit runs: the fused attention kernels"},
+      {"data.kind", "\"synthetic\" (embedded corpus), \"text\" (characters) or \"tokens\" (.bin)"},
+      {"data.path", "the text file or token file"},
+      {"data.val_path", "tokens: a separate validation file (else the last val_fraction)"},
+      {"data.val_fraction", "share of the data held out for validation"},
+      {"model.vocab_size", "vocabulary size (0: from the data; token files need it)"},
+      {"model.context", "tokens per sequence"},
+      {"model.layers", "transformer blocks"},
+      {"model.heads", "attention heads (must divide d_model)"},
+      {"model.d_model", "width of the residual stream"},
+      {"model.ffn", "FFN kind: \"gelu\", \"geglu\" or \"swiglu\""},
+      {"model.ffn_mult", "FFN hidden width / d_model"},
+      {"model.dropout", "dropout probability (attention, FFN, residual)"},
+      {"model.bias", "biases in the linear layers"},
+      {"train.batch_size", "sequences per micro-batch, over all GPUs"},
+      {"train.grad_accum_steps", "micro-batches per optimizer step (gradients summed in fp32)"},
+      {"train.iters", "optimizer steps"},
+      {"train.lr", "peak learning rate"},
+      {"train.min_lr", "learning rate at the end of the decay"},
+      {"train.warmup", "linear warm-up steps"},
+      {"train.decay_iters", "steps of the decay (0: train.iters)"},
+      {"train.schedule", "after warm-up: \"cosine\", \"linear\" or \"constant\""},
+      {"train.weight_decay", "AdamW decoupled weight decay"},
+      {"train.decay_matrices_only", "weight decay on 2-D weights only (not biases or LayerNorm)"},
+      {"train.beta1", "AdamW beta1"},
+      {"train.beta2", "AdamW beta2"},
+      {"train.eps", "AdamW epsilon"},
+      {"train.grad_clip", "global gradient-norm clip (0: off)"},
+      {"train.max_nonfinite", "non-finite steps in a row before the run stops"},
+  };
+  return docs;
+}
+
+std::string Config::keys_help() {
+  Config defaults;
+  std::ostringstream os;
+  os << "Config keys (file or --set section.key=value; default after '='):\n";
+  for (const Field& f : fields(defaults)) {
+    const auto it = key_docs().find(f.path);
+    std::string line = "  " + f.path + " = " + f.write();
+    if (line.size() < 44) line.resize(44, ' ');
+    os << line << "  " << (it == key_docs().end() ? "" : it->second) << "\n";
+  }
+  return os.str();
+}
+
+std::vector<std::string> Config::undocumented_keys() {
+  Config defaults;
+  std::vector<std::string> out;
+  std::set<std::string> known;
+  for (const Field& f : fields(defaults)) {
+    known.insert(f.path);
+    if (!key_docs().count(f.path)) out.push_back(f.path);
+  }
+  for (const auto& [k, doc] : key_docs())
+    if (!known.count(k)) out.push_back("(stale doc) " + k);
+  return out;
 }
 
 std::vector<std::pair<std::string, std::string>> Config::entries() const {

@@ -112,6 +112,10 @@ struct Config {
   // Every key, resolved, as TOML (parse(to_toml()) gives back the same config); `resolved`
   // adds a "# resolved: ..." comment to keys whose "auto" the run turned into something.
   std::string to_toml(const std::map<std::string, std::string>& resolved = {}) const;
+  // Every key with its default and a one-line description (ffn-train --help).
+  static std::string keys_help();
+  // Keys the reader takes without a description, and descriptions of no key (tests).
+  static std::vector<std::string> undocumented_keys();
   // Every key as ("section.key", TOML value), in to_toml()'s order.
   std::vector<std::pair<std::string, std::string>> entries() const;
 };

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
                  "Seconds a collective may take before the run is aborted (data parallel)")
       ->check(ffn::train::number_at_least(0.0, /*strict=*/true));
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
+  app.footer(ffn::train::Config::keys_help());
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
