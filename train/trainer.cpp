@@ -28,6 +28,7 @@
 #include "train/progress.h"
 #include "train/run_dir.h"
 #include "train/stop.h"
+#include "train/weights.h"
 
 #if FFN_WITH_CUDA
 #include "core/cuda/context.h"
@@ -214,6 +215,9 @@ void Trainer::place() {
 void Trainer::validate_run() {
   State& s = *s_;
   s.run_dir = s.cfg.run.dir;
+  if (!s.opt.resume.empty() && !s.opt.init_from.empty())
+    config_error("--init-from: a resumed run has its weights already (leave out --init-from, "
+                 "or start a new run.dir)");
   if (!s.opt.resume.empty()) {
     // Note [Run directory ownership]: a resume continues in the checkpoint's own run.
     const ResumePoint at = resolve_resume(s.opt.resume);
@@ -334,6 +338,7 @@ void Trainer::restore() {
     if (s.lead)
       s.branch = set_aside_newer_checkpoints(s.run_dir, st.iter, fs::path(s.resume_dir).filename());
   }
+  if (s.resume_dir.empty() && !s.opt.init_from.empty()) init_weights();
   if (s.lead) std::ofstream(fs::path(s.run_dir) / "config.toml") << s.cfg.to_toml(resolved_values());
   s.record = std::make_unique<RunRecord>(s.run_dir, s.lead,
                                          s.resume_dir.empty() ? -1 : s.start_iter);
@@ -373,6 +378,43 @@ void Trainer::announce() const {
     s.progress->line("resumed from " + s.resume_dir + " at iter " + std::to_string(s.start_iter));
   if (!s.branch.empty())
     s.progress->line("resumed from an older checkpoint: the newer ones moved to " + s.branch);
+}
+
+// --init-from: the weights of a file in any layout (Note [Weight layouts]), checked against
+// the config's model tensor by tensor; position embeddings may be longer than the context
+// (GPT-2's 1024 for a shorter fine-tuning context: the first rows are used).
+void Trainer::init_weights() {
+  State& s = *s_;
+  std::string file;
+  const NamedTensors src = to_ffn_layout(read_weights(s.opt.init_from, &file), s.opt.init_from);
+  std::map<std::string, Tensor> by_name(src.begin(), src.end());
+  // 16-bit parameters have fp32 masters in AdamW, made from the random init: they take the
+  // file's values too (at the file's precision).
+  std::map<std::string, Tensor> masters;
+  for (const auto& [n, t] : s.optim->state())
+    if (n.size() > 7 && n.compare(n.size() - 7, 7, ".master") == 0) masters[n.substr(0, n.size() - 7)] = t;
+  for (const auto& [name, v] : s.params) {
+    Tensor dst = v.value();
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      config_error("--init-from: '" + file + "' has no tensor for '" + name +
+                   "' (a different model.ffn or model.bias?)");
+    Tensor t = it->second;
+    if (name == "wpe.weight" && t.dim() == 2 && t.size(0) > dst.size(0) && t.size(1) == dst.size(1))
+      t = t.narrow(0, 0, dst.size(0)).contiguous();
+    if (t.shape() != dst.shape())
+      config_error("--init-from: '" + file + "': tensor '" + name + "' is " +
+                   shape_str(t.shape()) + " but this config's model has " +
+                   shape_str(dst.shape()) +
+                   " (check model.vocab_size, context, layers, d_model and ffn_mult)");
+    dst.copy_(t);
+    if (auto m = masters.find(name); m != masters.end()) m->second.copy_(t);
+    by_name.erase(it);
+  }
+  if (!by_name.empty())
+    config_error("--init-from: '" + file + "' has tensors this config's model does not (e.g. '" +
+                 by_name.begin()->first + "'): model.layers or model.bias differ?");
+  if (s.lead) std::fprintf(stderr, "[init] weights from %s\n", file.c_str());
 }
 
 // What the config's "auto" values became (comments in the run's config.toml).

@@ -24,6 +24,9 @@ class Comm;
 
 struct TrainOptions {
   std::string resume;      // run or checkpoint directory to continue from ("" = fresh)
+  // A fresh run's initial weights: a run/ckpt directory or .safetensors file in any layout
+  // of train/weights.h (Note [Weight layouts]); shapes must match the config's model.
+  std::string init_from;
   bool overwrite = false;  // allow starting fresh in a run dir that holds checkpoints
   int64_t stop_after = 0;  // > 0: run at most this many iterations, checkpoint and return
   bool quiet = false;      // no progress display (metrics are still written)
@@ -82,6 +85,7 @@ class Trainer {
   void evaluate(int64_t done);
   std::string checkpoint(int64_t done);
   std::map<std::string, std::string> resolved_values() const;
+  void init_weights();
   int stop_requested(int64_t done);
   bool eval_after(int64_t done) const;
   bool checkpoint_after(int64_t done) const;

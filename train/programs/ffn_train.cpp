@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
       "Writes <run.dir>/{config.toml, metrics.jsonl, loss.svg, ckpt-*/, latest}.\n"
       "Example: ffn-train configs/tiny.toml --set train.iters=500 --set runtime.device=cpu",
       "ffn-train"};
-  std::string config_path, resume;
+  std::string config_path, resume, init_from;
   std::vector<std::string> sets;
   bool overwrite = false, quiet = false, print_config = false;
   int64_t stop_after = 0, nproc = 0, bucket_mb = 25;
@@ -45,6 +45,10 @@ int main(int argc, char** argv) {
                  "model, data, seed, batch size or precision. 'auto' (with a config file): "
                  "continue run.dir if it holds a checkpoint, else start it (for relaunches by "
                  "torchrun --max-restarts or a scheduler's requeue)");
+  app.add_option("--init-from", init_from,
+                 "Start a new run from these weights: a run or ckpt-* directory or a "
+                 ".safetensors file in our, HuggingFace GPT-2's or nanoGPT's layout (see "
+                 "ffn-convert); the config's model must have the same shape");
   app.add_flag("--overwrite", overwrite,
                "Start fresh even if run.dir holds checkpoints (deletes them and the metrics)");
   app.add_option("--stop-after", stop_after,
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
     }
     ffn::train::TrainOptions opt;
     opt.resume = resume;
+    opt.init_from = init_from;
     opt.overwrite = overwrite;
     opt.stop_after = stop_after;
     opt.quiet = quiet;

@@ -1,0 +1,50 @@
+// train/programs/ffn_convert.cpp — `ffn-convert SRC DST --to hf-gpt2|nanogpt|ffn`: GPT weights
+// between our layout and HuggingFace GPT-2's or nanoGPT's (Note [Weight layouts]). SRC is a
+// run directory (its latest checkpoint), a ckpt-* directory or a .safetensors file in any of
+// the three layouts (detected from its names); DST is the .safetensors file to write.
+//
+// Exit codes: 0 written; 1 an unreadable or damaged file; 2 bad options, or weights that do
+// not form a GPT in the source layout or have no counterpart in the target (named).
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "train/config.h"
+#include "train/io/safetensors.h"
+#include "train/weights.h"
+
+int main(int argc, char** argv) {
+  using namespace ffn::train;
+  CLI::App app{"ffn-convert: GPT weights between fused-ffn's layout and HuggingFace GPT-2's or "
+               "nanoGPT's.\nExample: ffn-convert runs/gpt2 gpt2-hf.safetensors --to hf-gpt2",
+               "ffn-convert"};
+  std::string src, dst, to;
+  app.add_option("src", src, "Run directory, ckpt-* directory or .safetensors file")->required();
+  app.add_option("dst", dst, "The .safetensors file to write")->required();
+  app.add_option("--to", to, "Target layout: hf-gpt2, nanogpt or ffn")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    const WeightLayout target = parse_weight_layout(to);
+    std::string file;
+    const NamedTensors in = read_weights(src, &file);
+    const WeightLayout from = detect_weight_layout(in, file);
+    const NamedTensors out = from_ffn_layout(to_ffn_layout(in, file), target);
+    save_safetensors(dst, out, {{"format", "pt"}});
+    std::printf("ffn-convert: %s (%s, %zu tensors) -> %s (%s, %zu tensors)\n", file.c_str(),
+                weight_layout_name(from), in.size(), dst.c_str(), weight_layout_name(target),
+                out.size());
+    return 0;
+  } catch (const ffn::Error& e) {
+    std::fprintf(stderr, "ffn-convert: error: %s\n", e.what());
+    return e.kind() == ffn::ErrorKind::config ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ffn-convert: error: %s\n", e.what());
+    return 1;
+  }
+}
