@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/compare_torch.py — fused-ffn against PyTorch on the same GPU, in one run.
 
-For each DESIGN.md workload (mirrors bench/workloads.h) it times forward+backward of
+For each docs/design.md workload (mirrors bench/workloads.h) it times forward+backward of
 PyTorch eager, torch.compile and the bare GEMMs of the same shapes (torch.mm into
 preallocated outputs: the floor), runs `ffn-bench` for our numbers in the same
 invocation, and prints one markdown table plus a JSON file with every number.

@@ -1,4 +1,4 @@
-// bench/ffn_bench.cpp — `ffn-bench`: times DESIGN.md's FFN workloads (forward + backward
+// bench/ffn_bench.cpp — `ffn-bench`: times docs/design.md's FFN workloads (forward + backward
 // through layers/ffn_functional, the code the layers run) and the bare cuBLASLt GEMMs of
 // the same shapes, and prints one JSON line per workload.
 //
@@ -171,7 +171,7 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 }  // namespace
 
 // Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned) on the products of the
-// DESIGN.md workloads and GPT-2 124M (B·T = 16384), one JSON line per product: each Linear's
+// docs/design.md workloads and GPT-2 124M (B·T = 16384), one JSON line per product: each Linear's
 // forward x·Wᵀ ("fwd", NT), its input gradient dy·W ("dgrad", NN) and its weight gradient
 // dyᵀ·x ("wgrad", TN); then the fused fc1 (GEMM + bias + GELU + dropout in the epilogue)
 // against cuBLASLt + bias_act_dropout.

@@ -1,4 +1,4 @@
-// bench/workloads.h — DESIGN.md's benchmark workloads, shared by ffn-bench and the
+// bench/workloads.h — docs/design.md's benchmark workloads, shared by ffn-bench and the
 // PyTorch comparison (bench/compare_torch.py mirrors these numbers; keep them in sync).
 #pragma once
 

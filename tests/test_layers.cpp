@@ -14,7 +14,7 @@ namespace {
 
 const ParamInit kF64{DType::f64, Device::cpu()};
 
-// (input shape, hidden) pairs covering DESIGN.md's gradient-check shapes.
+// (input shape, hidden) pairs covering docs/design.md's gradient-check shapes.
 struct Case {
   Shape x;
   int64_t hidden;

@@ -1,7 +1,7 @@
 // tests/test_util.h — shared helpers of the doctest suites: GPU gating, tensor
 // comparisons and the finite-difference gradient check.
 //
-// Gradient-check rule (DESIGN.md, PyTorch gradcheck's): CPU, fp64, central
+// Gradient-check rule (docs/design.md, PyTorch gradcheck's): CPU, fp64, central
 // differences with eps = 1e-6; an analytic entry a passes against the numeric n
 // when |a - n| <= atol + rtol·|n| with atol = 1e-5, rtol = 1e-3. Inputs with at
 // most 4096 elements are checked entry by entry. Larger inputs are checked on
@@ -36,7 +36,7 @@ double rel_l2(const Tensor& a, const Tensor& b);
 void check_close(const Tensor& actual, const Tensor& expected, double atol, double rtol,
                  const std::string& what);
 
-// The one rule for a CUDA kernel against its CPU reference (DESIGN.md "Precision and
+// The one rule for a CUDA kernel against its CPU reference (docs/design.md "Precision and
 // tolerances"). `gpu` is the kernel's output, `ref64` the CPU reference in f64 on the same
 // (rounded) inputs, `naive32` the CPU reference run in f32 on them. Never NaN, and:
 //  * f32: |gpu - ref| <= atol + rtol32·|ref| with

@@ -1,6 +1,6 @@
 // train/config.h — the typed training configuration and its TOML front end.
 //
-// A config file has the sections of DESIGN.md ([run], [runtime], [data], [model], [train]).
+// A config file has the sections of docs/design.md ([run], [runtime], [data], [model], [train]).
 // Every key has a default here; a file only states what differs. Unknown sections or keys,
 // values of the wrong type and values out of range are errors of kind ErrorKind::config
 // whose message starts with the full key path, e.g.

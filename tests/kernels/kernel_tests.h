@@ -12,7 +12,7 @@
 
 namespace ffn::test {
 
-// CPU reference shapes: 1×1, odd, and past one 256-wide tile (DESIGN.md).
+// CPU reference shapes: 1×1, odd, and past one 256-wide tile (docs/design.md).
 inline const Shape kCpuShapes[] = {{1, 1}, {7, 13}, {129, 257}};
 // GPU (M, N): hidden sizes 1, 3, 7, 1600, 4097 and an aligned 4096; M = 1; zero sizes.
 inline const std::pair<int64_t, int64_t> kGpuShapes[] = {

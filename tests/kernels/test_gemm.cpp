@@ -28,7 +28,7 @@ TEST_CASE("gemm matches a naive product for every transpose combination") {
         const auto bv = bias.to(DType::f64).to_vector();
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j) rv[i * n + j] += bv[j];
-        // fp32: 1e-5 relative scaled by the reduction length (DESIGN.md).
+        // fp32: 1e-5 relative scaled by the reduction length (docs/design.md).
         const double tol = dt == DType::f64 ? 1e-12 : 1e-6 * k;
         check_close(
             c, Tensor::from_vector(rv, {m, n}, DType::f64), tol, tol,
