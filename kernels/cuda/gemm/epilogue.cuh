@@ -3,7 +3,7 @@
 // layout: acc[4j + 0/1] are C[row0][col0 + 8j + 0/1], acc[4j + 2/3] the same columns of row
 // row0 + 8 (col0 even, the lane's first column). Epilogues bounds-check and store; the FFN's
 // elementwise work lives here, so it costs no extra pass over memory. All 32 lanes of a warp
-// call tile() together (BiasActDropout shuffles within quads).
+// call tile() together (the staged epilogues meet at the warpgroup's named barrier).
 //
 //   StoreC          C = acc (+ bias[col]), stored from registers (any N)
 //   StoreCTma       the same through shared memory and TMA stores (N % 8 == 0): the stores
