@@ -42,7 +42,7 @@ std::string names_list(const NameOf<E> (&table)[N]) {
   for (size_t i = 0; i < N; ++i) {
     if (name_of(table, table[i].value) != table[i].name) continue;  // an alias
     out += (shown == 0 ? "" : shown + 1 == total ? " or " : ", ");
-    out += "\"" + std::string(table[i].name) + "\"";
+    out.append("\"").append(table[i].name).append("\"");  // (gcc 12 -Wrestrict misfires on "\"" + s)
     ++shown;
   }
   return out;
