@@ -20,7 +20,8 @@ FFN_GPU_TEST("dropout_add on the GPU: f32 equals the CPU, fp32 + bf16/f16 within
     for (float p : {0.0f, 0.2f}) {
       const DropoutSpec d{p, 21, 6};
       const Tensor res = rand64(s, g).to(DType::f32), dout = rand64(s, g).to(DType::f32);
-      const std::string tag = " " + shape_str(s) + " p=" + std::to_string(p);
+      std::string tag(" ");  // (appended: gcc 12's -Wrestrict misfires on " " + std::string)
+      tag.append(shape_str(s)).append(" p=").append(std::to_string(p));
       {
         const Tensor y = rand64(s, g).to(DType::f32);
         Tensor out = Tensor::empty(s, DType::f32), dy = Tensor::empty(s, DType::f32);
