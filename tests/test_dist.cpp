@@ -2,6 +2,10 @@
 // its overlap with backward (through an in-process group of rank threads standing in for
 // NCCL), a 2-rank training run against a 1-process run, and the TCP rendezvous (stale
 // nonce rejected, missing peer times out). Part of test_train.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -167,6 +171,41 @@ TEST_CASE("2-rank resume is bit-exact: 6 + 6 iterations == 12 straight, dropout 
   for (const char* f : {"model.safetensors", "optim.safetensors"})
     CHECK_MESSAGE(slurp(root / "a" / "ckpt-12" / f) == slurp(root / "b" / "ckpt-12" / f), f);
   fs::remove_all(root);
+}
+
+TEST_CASE("rendezvous under torchrun: MASTER_PORT is torchrun's store, ours is the next port") {
+  // What torchrun's agent does: hold MASTER_PORT with a listening socket.
+  const int port = 31000 + static_cast<int>(::getpid() % 2000);
+  const int store = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  REQUIRE(::bind(store, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(store, 4) == 0);
+  ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  ::setenv("TORCHELASTIC_RUN_ID", "job7", 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "2", 1);
+  ::unsetenv("FFN_RUN_NONCE");
+  ::unsetenv("FFN_RDZV_PORT");
+  const DistEnv base = dist_env_from_environment();
+  CHECK(base.master_port == port + 1);
+  CHECK(base.nonce == "job7/2");
+  std::vector<std::string> got(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      DistEnv e = base;
+      e.rank = r, e.world = 2;
+      got[r] = rendezvous(e, r == 0 ? "nccl-id" : "", 20);
+    });
+  for (auto& t : ts) t.join();
+  CHECK(got == std::vector<std::string>{"nccl-id", "nccl-id"});
+  ::setenv("FFN_RDZV_PORT", "4242", 1);
+  CHECK(dist_env_from_environment().master_port == 4242);
+  for (const char* v : {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "FFN_RDZV_PORT"})
+    ::unsetenv(v);
+  ::close(store);
 }
 
 TEST_CASE("rendezvous hands rank 0's payload to every rank; stale nonce and missing peers fail") {

@@ -93,6 +93,16 @@ DistEnv dist_env_from_environment() {
   e.master_port = env_int("MASTER_PORT", 29500, 1, 65535);
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) e.master_addr = a;
   if (const char* n = std::getenv("FFN_RUN_NONCE"); n && *n) e.nonce = n;
+  // Under torchrun (Note [Rendezvous under torchrun]).
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  if (run_id && *run_id) {
+    e.master_port = e.master_port == 65535 ? 65534 : e.master_port + 1;
+    if (!std::getenv("FFN_RUN_NONCE")) {
+      const char* restarts = std::getenv("TORCHELASTIC_RESTART_COUNT");
+      e.nonce = std::string(run_id) + "/" + (restarts && *restarts ? restarts : "0");
+    }
+  }
+  if (std::getenv("FFN_RDZV_PORT")) e.master_port = env_int("FFN_RDZV_PORT", 29501, 1, 65535);
   if (e.rank >= e.world)
     env_error("RANK=" + std::to_string(e.rank) + " is not below WORLD_SIZE=" + std::to_string(e.world));
   return e;

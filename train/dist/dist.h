@@ -10,6 +10,15 @@
 // peer reports as an error. A peer that never arrives is a timeout error naming the ranks
 // still missing, not a hang. The nonce comes from FFN_RUN_NONCE (the launcher sets a fresh
 // one per run; launchers of our own should too), default "-".
+//
+// Note [Rendezvous under torchrun]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// torchrun's agent already listens on MASTER_PORT (its TCP store, handed to the workers with
+// TORCHELASTIC_USE_AGENT_STORE=True), so rank 0 could not bind it. When TORCHELASTIC_RUN_ID
+// is set, our rendezvous uses MASTER_PORT + 1 on MASTER_ADDR instead (FFN_RDZV_PORT, if set,
+// names another port anywhere), and the nonce is "<run id>/<TORCHELASTIC_RESTART_COUNT>", so
+// the group that a --max-restarts relaunch starts never accepts a peer of the previous one.
+// With `ffn-train --resume auto` such a relaunch continues from the last checkpoint.
 #pragma once
 
 #include <string>
