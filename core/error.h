@@ -15,7 +15,11 @@
 namespace ffn {
 
 // What kind of failure an Error is; main() maps it to an exit code.
-enum class ErrorKind { runtime = 0, config = 1 };
+// runtime: a failure while running (exit 1); config: something the user fixes in a config
+// or flag (exit 2, reported before GPU memory is touched); out_of_memory: an allocation the
+// host or device could not satisfy (exit 1; the trainer adds which stage and which keys to
+// lower).
+enum class ErrorKind { runtime = 0, config = 1, out_of_memory = 2 };
 
 class Error : public std::runtime_error {
  public:

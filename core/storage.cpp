@@ -19,7 +19,17 @@ std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device) {
   if (device.is_cpu()) {
     const size_t rounded = (nbytes + 63) / 64 * 64;
     void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-    FFN_CHECK(p || rounded == 0, "[alloc] out of host memory allocating ", nbytes, " bytes");
+    if (!p && rounded != 0) {
+      size_t in_use = 0;
+      {
+        std::lock_guard<std::mutex> lock(g_cpu_mu);
+        in_use = g_cpu_stats.in_use;
+      }
+      detail::throw_error(__FILE__, __LINE__, __func__, nullptr,
+                          detail::cat("[alloc] out of host memory allocating ", nbytes,
+                                      " bytes (", in_use, " bytes in use by tensors)"),
+                          ErrorKind::out_of_memory);
+    }
     {
       std::lock_guard<std::mutex> lock(g_cpu_mu);
       g_cpu_stats.in_use += rounded;

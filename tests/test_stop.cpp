@@ -429,3 +429,38 @@ TEST_CASE("loss.svg is well-formed XML from the first logged step on, with a hos
   CHECK(xml_problem("<svg><text>a & b</text></svg>") != "");  // the checker can fail
   fs::remove_all(root.parent_path());
 }
+
+TEST_CASE("out of memory: the error says where in the run and which config keys to lower") {
+  const fs::path root = fresh("oom");
+  // A model far too large for any host: c_attn alone would be 3 · 2^40 floats. A limit on
+  // the address space makes the failure certain however the kernel overcommits.
+  Config c = tiny(root, 2);
+  c.model.d_model = int64_t{1} << 20;
+  c.model.heads = 2;
+  rlimit old{};
+  REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+  size_t vm_kib = 0;
+  {
+    std::ifstream st("/proc/self/status");
+    for (std::string l; std::getline(st, l);)
+      if (l.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(l.substr(7));
+  }
+  REQUIRE(vm_kib > 0);
+  rlimit lim = old;
+  lim.rlim_cur = static_cast<rlim_t>(vm_kib) * 1024 + (rlim_t{2} << 30);
+  REQUIRE(setrlimit(RLIMIT_AS, &lim) == 0);
+  std::string what;
+  ErrorKind kind = ErrorKind::runtime;
+  try {
+    run_training(c, quiet());
+  } catch (const Error& e) {
+    what = e.what();
+    kind = e.kind();
+  }
+  setrlimit(RLIMIT_AS, &old);
+  CHECK(kind == ErrorKind::out_of_memory);
+  CHECK_MESSAGE(what.find("[train] out of memory building the model and optimizer") == 0, what);
+  CHECK_MESSAGE(what.find("[alloc] out of host memory allocating") != std::string::npos, what);
+  CHECK_MESSAGE(what.find("lower train.batch_size") != std::string::npos, what);
+  fs::remove_all(root);
+}

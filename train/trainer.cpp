@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <unordered_map>
@@ -167,6 +168,29 @@ struct Trainer::State {
   double best_val = INFINITY, last_loss = NAN, first_val = NAN, last_val = NAN;
 };
 
+namespace {
+
+// An allocation failure (ours, or std::bad_alloc from the C++ library) as an error that says
+// where in the run it happened and what to lower; every other error passes unchanged.
+template <class F>
+void with_oom_context(const std::string& stage, const Device& dev, F&& body) {
+  auto advice = [&](const std::string& what) {
+    return "[train] out of memory " + stage + " on " + dev.str() + ":\n  " + what +
+           "\n  To fit, lower train.batch_size (train.grad_accum_steps keeps the global batch), "
+           "model.context, model.d_model or model.layers.";
+  };
+  try {
+    body();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::out_of_memory) throw;
+    throw Error(advice(e.what()), ErrorKind::out_of_memory);
+  } catch (const std::bad_alloc&) {
+    throw Error(advice("std::bad_alloc"), ErrorKind::out_of_memory);
+  }
+}
+
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : s_(std::make_unique<State>()) {
   s_->cfg = cfg;
   s_->opt = opt;
@@ -175,7 +199,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt) : s_(std::make_uniq
   validate_run();
   prepare_run_dir();
   connect();
-  build();
+  with_oom_context("building the model and optimizer (weights, gradients, AdamW state)",
+                   s_->dev, [this] { build(); });
   restore();
   announce();
 }
@@ -598,11 +623,13 @@ int Trainer::stop_requested(int64_t done) {
 
 TrainResult Trainer::run() {
   State& s = *s_;
-  if (s.start_iter == 0) evaluate(0);
+  if (s.start_iter == 0)
+    with_oom_context("evaluating the initial model", s.dev, [this] { evaluate(0); });
   int64_t done = s.end_iter;
   int stop = 0;
   for (int64_t it = s.start_iter; it < s.end_iter; ++it) {
-    step(it);
+    with_oom_context("in iteration " + std::to_string(it + 1) + " (forward, backward, update)",
+                     s.dev, [this, it] { step(it); });
     if (s.opt.after_step) s.opt.after_step(it + 1);
     if ((stop = stop_requested(it + 1)) != 0) {
       done = it + 1;

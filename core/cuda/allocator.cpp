@@ -83,9 +83,12 @@ void* allocate(size_t nbytes, int device) {
       cudaGetLastError();
       size_t free_b = 0, total_b = 0;
       cudaMemGetInfo(&free_b, &total_b);
-      FFN_THROW("[cuda alloc] out of memory on cuda:", device, " allocating ", mib(nbytes),
-                " MiB (in use by tensors ", mib(pool.stats.in_use), " MiB, driver reports ",
-                mib(free_b), " MiB free of ", mib(total_b), " MiB): ", cudaGetErrorString(e));
+      detail::throw_error(
+          __FILE__, __LINE__, __func__, nullptr,
+          detail::cat("[cuda alloc] out of memory on cuda:", device, " allocating ", mib(nbytes),
+                      " MiB (in use by tensors ", mib(pool.stats.in_use), " MiB, driver reports ",
+                      mib(free_b), " MiB free of ", mib(total_b), " MiB): ", cudaGetErrorString(e)),
+          e == cudaErrorMemoryAllocation ? ErrorKind::out_of_memory : ErrorKind::runtime);
     }
     pool.stats.reserved += cls;
     pool.stats.num_device_allocs += 1;
