@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -296,6 +297,9 @@ int launch_local(int nproc, const std::vector<std::string>& argv, double grace_s
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     if (g_signals > forwarded) {
+      std::fprintf(stderr, "[launch] %s: passing SIGTERM to the workers (%s)\n",
+                   forwarded == 0 ? (g_signal == SIGINT ? "SIGINT" : "SIGTERM") : "again",
+                   forwarded == 0 ? "they stop after their step, with a checkpoint" : "they abort");
       forwarded = g_signals;
       for (pid_t p : pids)
         if (p > 0) kill(p, SIGTERM);
