@@ -1,8 +1,10 @@
-// tests/test_stop.cpp — runs that survive preemption and full disks (Note [Graceful stop]):
-// SIGTERM mid-run checkpoints the iteration reached and resumes bit-exactly (one process,
-// two in-process ranks, and the real ffn-train binary); --resume passes over a damaged newest
-// checkpoint; a failed save leaves no temp directory; ffn-sample's greedy decoding and its
-// range errors.
+// tests/test_stop.cpp — runs that survive preemption, damage and full disks, and how runs
+// are started and shown: SIGTERM mid-run checkpoints the iteration reached and resumes
+// bit-exactly (one process, two in-process ranks, the real ffn-train binary; Note [Graceful
+// stop]); --resume passes over a damaged newest checkpoint; a failed save leaves no temp
+// directory; ffn-sample's greedy decoding and range errors; --resume auto; gradient
+// accumulation against one big batch (Note [Gradient accumulation]); loss.svg as XML; an
+// out-of-memory error naming the stage and the keys to lower.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
