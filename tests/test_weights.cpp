@@ -151,6 +151,8 @@ TEST_CASE("weights: a missing tensor, a transposed shape, an integer dtype and a
   };
   CHECK_THROWS_WITH_AS(to_ffn_layout(without(hf, "transformer.h.1.ln_2.bias"), "f"),
                        doctest::Contains("tensor 'transformer.h.1.ln_2.bias' is missing"), Error);
+  CHECK_THROWS_WITH_AS(to_ffn_layout(without(ours, "wte.weight"), "f"),
+                       doctest::Contains("tensor 'wte.weight' is missing"), Error);
   NamedTensors bad = hf;
   for (auto& [n, t] : bad)
     if (n == "transformer.h.0.mlp.c_fc.weight") t = t.permute({1, 0}).contiguous();  // Linear, not Conv1D

@@ -139,6 +139,7 @@ NamedTensors to_ffn_layout(const NamedTensors& ts, const std::string& origin) {
   const int layers = count_layers(by_name);
   if (layers == 0) refuse(origin, "no transformer blocks (h.0.*)");
   const bool bias = by_name.count("h.0.ln_1.bias") > 0;
+  if (!by_name.count("wte.weight")) refuse(origin, "tensor '" + shown("wte.weight") + "' is missing");
   const Tensor& wte = by_name.at("wte.weight");
   if (wte.dim() != 2) refuse(origin, "tensor '" + shown("wte.weight") + "' is not 2-D");
   const int64_t d = wte.size(1);
