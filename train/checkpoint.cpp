@@ -17,9 +17,9 @@ namespace ffn::train {
 
 namespace {
 
-int64_t tensor_bytes(const NamedTensors& ts) {
-  int64_t n = 0;
-  for (const auto& [name, t] : ts) n += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+size_t tensor_bytes(const NamedTensors& ts) {
+  size_t n = 0;
+  for (const auto& [name, t] : ts) n += t.nbytes();
   return n;
 }
 
@@ -101,15 +101,20 @@ std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
 }
 }  // namespace
 
+int64_t checkpoint_iter(const std::string& dir) {
+  const std::string n = fs::path(dir).filename().string();
+  if (n.rfind("ckpt-", 0) != 0 || n.size() == 5 ||
+      n.find_first_not_of("0123456789", 5) != std::string::npos)
+    return -1;  // ckpt-<iter> only: not *.tmp, not a stray name
+  return std::stoll(n.substr(5));
+}
+
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
   std::vector<std::pair<int64_t, std::string>> all;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(run_dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (!e.is_directory() || n.rfind("ckpt-", 0) != 0 || n.size() == 5 ||
-        n.find_first_not_of("0123456789", 5) != std::string::npos)
-      continue;  // ckpt-<iter> only: not *.tmp, not a stray name
-    all.emplace_back(std::stoll(n.substr(5)), e.path().string());
+    const int64_t iter = e.is_directory() ? checkpoint_iter(e.path().string()) : -1;
+    if (iter >= 0) all.emplace_back(iter, e.path().string());
   }
   std::sort(all.begin(), all.end());
   return all;

@@ -51,6 +51,8 @@ std::string save_checkpoint(const std::string& run_dir, const TrainState& state,
                             const NamedTensors& model, const NamedTensors& optim,
                             const std::string& config_toml, int64_t keep);
 
+// The iteration a ckpt-<iter> directory's name says, or -1 for any other name (*.tmp too).
+int64_t checkpoint_iter(const std::string& dir);
 // The complete ckpt-<iter> directories of a run (not *.tmp), oldest first.
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
 // Atomically points <run_dir>/latest at `ckpt_name` (temp file, fsync, rename).

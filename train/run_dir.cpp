@@ -39,15 +39,6 @@ bool fixed_on_resume(const std::string& key) {
          key == "train.batch_size" || key == "runtime.precision";
 }
 
-// The iteration of a ckpt-<iter> directory (-1 if the name is not one).
-int64_t read_iter(const std::string& ckpt_dir) {
-  const std::string n = fs::path(ckpt_dir).filename().string();
-  if (n.rfind("ckpt-", 0) != 0 || n.size() == 5 ||
-      n.find_first_not_of("0123456789", 5) != std::string::npos)
-    return -1;
-  return std::stoll(n.substr(5));
-}
-
 }  // namespace
 
 RunLock::RunLock(const std::string& run_dir) {
@@ -93,7 +84,7 @@ ResumePoint resolve_resume(const std::string& path) {
     }
     // Then the older checkpoints, newest first (`latest` is what the run wrote last).
     const int64_t latest_iter =
-        candidates.empty() ? std::numeric_limits<int64_t>::max() : read_iter(candidates[0]);
+        candidates.empty() ? std::numeric_limits<int64_t>::max() : checkpoint_iter(candidates[0]);
     const auto all = list_checkpoints(path);
     for (auto it = all.rbegin(); it != all.rend(); ++it)
       if (it->first < latest_iter) candidates.push_back(it->second);
