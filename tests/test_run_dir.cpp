@@ -25,23 +25,10 @@
 using namespace ffn;
 using namespace ffn::train;
 namespace fs = std::filesystem;
+using ffn::test::slurp;
+using ffn::test::temp_dir;
 
 namespace {
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("ffn-rundir-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string read_all(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 void write_tokens(const fs::path& p, int n, int lo, int hi, uint32_t seed) {
   std::vector<uint16_t> t(static_cast<size_t>(n));
@@ -74,7 +61,7 @@ int ffn_train(const std::string& args, const fs::path& dir, std::string* out) {
   const fs::path log = dir / "cli.txt";
   const std::string cmd = std::string(FFN_TRAIN_BIN) + " " + args + " > " + log.string() + " 2>&1";
   const int st = std::system(cmd.c_str());
-  *out = read_all(log);
+  *out = slurp(log);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
@@ -92,7 +79,7 @@ std::string config_error_of(const std::function<void()>& f) {
 }  // namespace
 
 TEST_CASE("run dir 1: val token ids >= vocab_size are refused before training, naming data.val_path") {
-  const fs::path d = fresh_dir("vocab");
+  const fs::path d = temp_dir("rundir-vocab");
   write_tokens(d / "tok60.bin", 5000, 0, 60, 1);
   write_tokens(d / "val70.bin", 2000, 60, 70, 2);     // ids 60..69: in uint16, past vocab 64
   write_tokens(d / "valbig.bin", 2000, 0, 60000, 3);  // would index far past the embedding
@@ -125,20 +112,20 @@ TEST_CASE("run dir 1: val token ids >= vocab_size are refused before training, n
 }
 
 TEST_CASE("run dir 2: --resume continues in the checkpoint's own run; another run.dir or seed is refused") {
-  const fs::path d = fresh_dir("resume-dir");
+  const fs::path d = temp_dir("rundir-resume-dir");
   const fs::path a = d / "A", b = d / "B";
   run_training(tiny(a, {"train.iters=20", "run.checkpoint_every=5", "run.seed=7"}), quiet({}, 10));
   run_training(tiny(b, {"train.iters=20", "run.checkpoint_every=5"}), quiet());
-  const std::string b_ckpt = read_all(b / "ckpt-20" / "model.safetensors");
-  const std::string b_metrics = read_all(b / "metrics.jsonl");
+  const std::string b_ckpt = slurp(b / "ckpt-20" / "model.safetensors");
+  const std::string b_metrics = slurp(b / "metrics.jsonl");
   // A config naming run B while resuming A: refused naming both, B untouched.
   std::string msg = config_error_of([&] {
     run_training(tiny(b, {"train.iters=20", "run.checkpoint_every=5"}), quiet(a.string()));
   });
   CHECK_MESSAGE(msg.find("run.dir: '" + b.string() + "' is not the run being resumed ('" +
                          a.string() + "')") != std::string::npos, msg);
-  CHECK(read_all(b / "ckpt-20" / "model.safetensors") == b_ckpt);
-  CHECK(read_all(b / "metrics.jsonl") == b_metrics);
+  CHECK(slurp(b / "ckpt-20" / "model.safetensors") == b_ckpt);
+  CHECK(slurp(b / "metrics.jsonl") == b_metrics);
   // The right dir but another seed: refused naming the key and both values.
   msg = config_error_of([&] {
     run_training(tiny(a, {"train.iters=20", "run.checkpoint_every=5"}), quiet(a.string()));
@@ -151,7 +138,7 @@ TEST_CASE("run dir 2: --resume continues in the checkpoint's own run; another ru
   CHECK(own.run.seed == 7);
   CHECK(run_training(own, quiet(a.string())).iters_done == 20);
   CHECK(fs::exists(a / "ckpt-20"));
-  CHECK(read_all(b / "ckpt-20" / "model.safetensors") == b_ckpt);
+  CHECK(slurp(b / "ckpt-20" / "model.safetensors") == b_ckpt);
   // Model, data and batch-size changes are refused too; ffn-train takes --resume alone.
   for (const char* set : {"model.d_model=32", "data.val_fraction=0.2", "train.batch_size=8"}) {
     msg = config_error_of([&] { run_training(resume_config(a.string(), {set}), quiet(a.string())); });
@@ -171,25 +158,25 @@ TEST_CASE("run dir 2: --resume continues in the checkpoint's own run; another ru
 }
 
 TEST_CASE("run dir 3: resuming from an older checkpoint branches; pruning keeps what it resumed from and wrote") {
-  const fs::path d = fresh_dir("branch");
+  const fs::path d = temp_dir("rundir-branch");
   const fs::path p = d / "P";
   run_training(tiny(p, {"train.iters=20", "run.checkpoint_every=5", "run.keep_checkpoints=3"}),
                quiet());
   REQUIRE(list_checkpoints(p.string()).size() == 3);  // 10, 15, 20
-  const std::string ckpt20 = read_all(p / "ckpt-20" / "model.safetensors");
+  const std::string ckpt20 = slurp(p / "ckpt-20" / "model.safetensors");
   const Config c = resume_config((p / "ckpt-10").string(), {"run.keep_checkpoints=2"});
   CHECK(fs::path(c.run.dir) == p);
   CHECK(run_training(c, quiet((p / "ckpt-10").string(), 2)).iters_done == 12);
   CHECK(fs::exists(p / "ckpt-10" / "state.toml"));
   CHECK(fs::exists(p / "ckpt-12" / "state.toml"));
-  CHECK(read_all(p / "latest") == "ckpt-12\n");
+  CHECK(slurp(p / "latest") == "ckpt-12\n");
   // The branch that had gone further is kept whole, with the metrics as they were.
-  CHECK(read_all(p / "branch-1" / "ckpt-20" / "model.safetensors") == ckpt20);
+  CHECK(slurp(p / "branch-1" / "ckpt-20" / "model.safetensors") == ckpt20);
   CHECK(fs::exists(p / "branch-1" / "ckpt-15" / "state.toml"));
-  CHECK(read_all(p / "branch-1" / "metrics.jsonl").find("\"iter\": 20,") != std::string::npos);
+  CHECK(slurp(p / "branch-1" / "metrics.jsonl").find("\"iter\": 20,") != std::string::npos);
   // The next resume works, and so does continuing the set-aside branch on its own.
   CHECK(run_training(resume_config(p.string(), {}), quiet(p.string(), 2)).iters_done == 14);
-  CHECK(read_all(p / "latest") == "ckpt-14\n");
+  CHECK(slurp(p / "latest") == "ckpt-14\n");
   const fs::path br = p / "branch-1";
   CHECK(run_training(resume_config(br.string(), {"train.iters=22"}), quiet(br.string())).iters_done ==
         22);
@@ -198,10 +185,10 @@ TEST_CASE("run dir 3: resuming from an older checkpoint branches; pruning keeps 
 }
 
 TEST_CASE("run dir 4: one writer per run dir; a second is refused at once naming the holder's pid") {
-  const fs::path d = fresh_dir("lock");
+  const fs::path d = temp_dir("rundir-lock");
   const fs::path r = d / "R";
   run_training(tiny(r, {"train.iters=4"}), quiet());
-  const std::string metrics = read_all(r / "metrics.jsonl");
+  const std::string metrics = slurp(r / "metrics.jsonl");
   {
     RunLock held(r.string());  // as a running ffn-train holds it
     const std::string pid = "pid " + std::to_string(::getpid());
@@ -216,7 +203,7 @@ TEST_CASE("run dir 4: one writer per run dir; a second is refused at once naming
     std::string out;
     CHECK(ffn_train("--quiet --resume " + r.string() + " --set train.iters=8", d, &out) == 1);
     CHECK_MESSAGE(out.find("is in use by another process (" + pid) != std::string::npos, out);
-    CHECK(read_all(r / "metrics.jsonl") == metrics);
+    CHECK(slurp(r / "metrics.jsonl") == metrics);
     CHECK(!fs::exists(r / "ckpt-8"));
   }
   // Released with its holder (a crash releases it too: the kernel drops flocks).
@@ -225,7 +212,7 @@ TEST_CASE("run dir 4: one writer per run dir; a second is refused at once naming
 }
 
 TEST_CASE("run dir 5: a directory or an empty file as the config is refused with exit 2") {
-  const fs::path d = fresh_dir("cfgfile");
+  const fs::path d = temp_dir("rundir-cfgfile");
   std::string msg = config_error_of([&] { Config::load(d.string()); });
   CHECK_MESSAGE(msg.find("is a directory") != std::string::npos, msg);
   std::ofstream(d / "empty.toml").close();
@@ -245,7 +232,7 @@ TEST_CASE("run dir 5: a directory or an empty file as the config is refused with
 }
 
 TEST_CASE("run dir: a batch too large for memory is a config error naming the bytes") {
-  const fs::path d = fresh_dir("bigbatch");
+  const fs::path d = temp_dir("rundir-bigbatch");
   const std::string msg = config_error_of(
       [&] { run_training(tiny(d / "r", {"train.batch_size=1000000000000"}), quiet()); });
   CHECK_MESSAGE(msg.find("[config] train.batch_size: 1000000000000 sequences of 64 tokens need at "
@@ -255,7 +242,7 @@ TEST_CASE("run dir: a batch too large for memory is a config error naming the by
 }
 
 TEST_CASE("run dir: the non-finite abort names the iteration") {
-  const fs::path d = fresh_dir("nonfinite");
+  const fs::path d = temp_dir("rundir-nonfinite");
   try {
     run_training(tiny(d / "r", {"train.lr=1e30", "train.min_lr=1", "train.warmup=0",
                                 "train.max_nonfinite=2", "train.iters=50"}),
@@ -280,7 +267,7 @@ TEST_CASE("run dir: the non-finite abort names the iteration") {
 TEST_CASE("run dir: the steps next to a checkpoint are charged their own time") {
   // Before, a step finished right before a save was charged ~nothing and the one after it
   // two steps' work, so the progress line showed ~1 ms/iter after every checkpoint.
-  const fs::path d = fresh_dir("steptime");
+  const fs::path d = temp_dir("rundir-steptime");
   run_training(tiny(d / "r", {"train.iters=24", "run.checkpoint_every=4"}), quiet());
   std::ifstream in(d / "r" / "metrics.jsonl");
   std::vector<double> ms;
@@ -296,10 +283,10 @@ TEST_CASE("run dir: the steps next to a checkpoint are charged their own time") 
 }
 
 TEST_CASE("run dir: a failed resume leaves the run's config.toml and metrics as they were") {
-  const fs::path d = fresh_dir("failedresume");
+  const fs::path d = temp_dir("rundir-failedresume");
   const fs::path r = d / "r";
   run_training(tiny(r, {"train.iters=4"}), quiet());
-  const std::string cfg = read_all(r / "config.toml"), metrics = read_all(r / "metrics.jsonl");
+  const std::string cfg = slurp(r / "config.toml"), metrics = slurp(r / "metrics.jsonl");
   // A vocabulary the checkpoint's embedding does not have.
   CHECK_THROWS_AS(run_training(resume_config(r.string(), {"model.vocab_size=40"}), quiet(r.string())),
                   Error);
@@ -309,8 +296,8 @@ TEST_CASE("run dir: a failed resume leaves the run's config.toml and metrics as 
   NamedTensors m = load_safetensors((ck / "model.safetensors").string());
   m[0].second = Tensor::zeros({1}, m[0].second.dtype());
   save_safetensors((ck / "model.safetensors").string(), m, {{"format", "pt"}});
-  std::string state = read_all(ck / "state.toml");
-  const std::string mb = read_all(ck / "model.safetensors");
+  std::string state = slurp(ck / "state.toml");
+  const std::string mb = slurp(ck / "model.safetensors");
   const auto replace_value = [&](const std::string& key, const std::string& value) {
     const size_t at = state.find(key + " = ");
     state.replace(at, state.find('\n', at) - at, key + " = " + value);
@@ -322,13 +309,13 @@ TEST_CASE("run dir: a failed resume leaves the run's config.toml and metrics as 
   std::ofstream(ck / "state.toml") << state;
   CHECK_THROWS_WITH_AS(run_training(resume_config(r.string(), {"train.iters=8"}), quiet(r.string())),
                        doctest::Contains("but the model expects"), Error);
-  CHECK(read_all(r / "config.toml") == cfg);
-  CHECK(read_all(r / "metrics.jsonl") == metrics);
+  CHECK(slurp(r / "config.toml") == cfg);
+  CHECK(slurp(r / "metrics.jsonl") == metrics);
   fs::remove_all(d);
 }
 
 TEST_CASE("run dir: data.path a directory, negative checkpoint shapes, MASTER_PORT out of range") {
-  const fs::path d = fresh_dir("small");
+  const fs::path d = temp_dir("rundir-small");
   std::string msg = config_error_of([&] {
     run_training(tiny(d / "r", {"data.kind=\"tokens\"", "model.vocab_size=64",
                                 "data.path=" + d.string()}),

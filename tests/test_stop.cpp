@@ -31,23 +31,10 @@
 using namespace ffn;
 using namespace ffn::train;
 namespace fs = std::filesystem;
+using ffn::test::slurp;
+using ffn::test::temp_dir;
 
 namespace {
-
-fs::path fresh(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("ffn-stop-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 Config tiny(const fs::path& dir, int64_t iters) {
   return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
@@ -89,7 +76,7 @@ struct StopHandlers {
 
 TEST_CASE("stop 1: SIGTERM mid-run checkpoints the iteration reached; resume equals the straight run") {
   const StopHandlers handlers;
-  const fs::path root = fresh("one");
+  const fs::path root = temp_dir("stop-one");
   run_training(tiny(root / "a", 12), quiet());
 
   TrainOptions o = quiet();
@@ -128,7 +115,7 @@ TEST_CASE("stop 1: SIGTERM mid-run checkpoints the iteration reached; resume equ
 
 TEST_CASE("stop 2: two in-process ranks stop at the same agreed iteration and resume bit-exactly") {
   const StopHandlers handlers;
-  const fs::path root = fresh("two");
+  const fs::path root = temp_dir("stop-two");
   auto run2 = [&](const std::string& dir, const std::string& resume, bool signal_at_3) {
     auto group = make_thread_group(2);
     std::vector<TrainResult> res(2);
@@ -166,7 +153,7 @@ TEST_CASE("stop 2: two in-process ranks stop at the same agreed iteration and re
 }
 
 TEST_CASE("stop 3: ffn-train stopped with SIGTERM exits 0 with a checkpoint and says how to continue") {
-  const fs::path root = fresh("cli");
+  const fs::path root = temp_dir("stop-cli");
   const fs::path run = root / "run", out = root / "out.txt";
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
@@ -202,7 +189,7 @@ TEST_CASE("stop 3: ffn-train stopped with SIGTERM exits 0 with a checkpoint and 
 }
 
 TEST_CASE("stop 4: --resume of a run passes over a damaged newest checkpoint and leaves it in place") {
-  const fs::path root = fresh("fallback");
+  const fs::path root = temp_dir("stop-fallback");
   run_training(tiny(root, 8), quiet());  // ckpt-4 and ckpt-8
   const fs::path model8 = root / "ckpt-8" / "model.safetensors";
   std::string bytes = slurp(model8);
@@ -232,7 +219,7 @@ TEST_CASE("stop 4: --resume of a run passes over a damaged newest checkpoint and
 }
 
 TEST_CASE("stop 5: a save that fails (file size limit) removes its temp directory; latest stays") {
-  const fs::path root = fresh("fullsave");
+  const fs::path root = temp_dir("stop-fullsave");
   TrainState st;
   st.iter = 1;
   Generator g(3);
@@ -268,7 +255,7 @@ TEST_CASE("stop 5: a save that fails (file size limit) removes its temp director
 }
 
 TEST_CASE("sampler: --temperature 0 is greedy; range errors name the flag and the value") {
-  const fs::path root = fresh("sample");
+  const fs::path root = temp_dir("stop-sample");
   run_training(tiny(root, 2), quiet());
   auto run = [&](const std::string& args) {
     const std::string cmd = std::string(FFN_SAMPLE_BIN) + " " + root.string() + " " + args +
@@ -293,7 +280,7 @@ TEST_CASE("sampler: --temperature 0 is greedy; range errors name the flag and th
 }
 
 TEST_CASE("resume auto: starts the run when run.dir has no checkpoint, continues it when it has") {
-  const fs::path root = fresh("auto");
+  const fs::path root = temp_dir("stop-auto");
   const std::string base = std::string(FFN_TRAIN_BIN) + " " + FFN_SOURCE_DIR +
                            "/configs/tiny.toml --resume auto --set runtime.device=cpu --set run.dir=" +
                            (root / "run").string() + " --set run.eval_every=2 --set run.eval_iters=1 ";
@@ -314,7 +301,7 @@ TEST_CASE("resume auto: starts the run when run.dir has no checkpoint, continues
 }
 
 TEST_CASE("gradient accumulation: 2 micro-batches of 4 equal one batch of 8 (fp32), on 1 and 2 ranks") {
-  const fs::path root = fresh("accum");
+  const fs::path root = temp_dir("stop-accum");
   auto cfg = [&](const std::string& dir, int64_t batch, int64_t accum) {
     Config c = tiny(root / dir, 6);
     c.model.dropout = 0.0;  // the masks would be drawn per micro-batch
@@ -413,7 +400,7 @@ std::string xml_problem(const std::string& x) {
 }  // namespace
 
 TEST_CASE("loss.svg is well-formed XML from the first logged step on, with a hostile run dir name") {
-  const fs::path root = fresh("svg") / "a&b <c> \"d\"";
+  const fs::path root = temp_dir("stop-svg") / "a&b <c> \"d\"";
   Config c = tiny(root, 12);
   c.run.eval_every = 1000;  // no eval until the end
   TrainOptions o = quiet();
@@ -433,7 +420,7 @@ TEST_CASE("loss.svg is well-formed XML from the first logged step on, with a hos
 }
 
 TEST_CASE("out of memory: the error says where in the run and which config keys to lower") {
-  const fs::path root = fresh("oom");
+  const fs::path root = temp_dir("stop-oom");
   // A model far too large for any host: c_attn alone would be 3 · 2^40 floats. A limit on
   // the address space makes the failure certain however the kernel overcommits.
   Config c = tiny(root, 2);

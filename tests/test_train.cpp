@@ -18,15 +18,10 @@
 using namespace ffn;
 using namespace ffn::train;
 namespace fs = std::filesystem;
+using ffn::test::slurp;
+using ffn::test::temp_dir;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("ffn-test-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 // Expects a config error whose message starts with "[config] <key>".
 void expect_config_error(const std::string& toml, const std::vector<std::string>& sets,
@@ -39,13 +34,6 @@ void expect_config_error(const std::string& toml, const std::vector<std::string>
     CHECK_MESSAGE(std::string(e.what()).find("[config] " + key_and_text) != std::string::npos,
                   e.what());
   }
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 }  // namespace

@@ -1,10 +1,30 @@
-// tests/test_util.cpp — comparisons and the finite-difference gradient check.
+// tests/test_util.cpp — scratch directories and files, comparisons and the finite-difference
+// gradient check.
 #include "tests/test_util.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
 #include <sstream>
 
 namespace ffn::test {
+
+std::filesystem::path temp_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path p =
+      fs::temp_directory_path() / ("ffn-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 bool gpu_available() {
   static const bool ok = cuda_device_count() > 0;

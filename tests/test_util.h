@@ -1,5 +1,5 @@
-// tests/test_util.h — shared helpers of the doctest suites: GPU gating, tensor
-// comparisons and the finite-difference gradient check.
+// tests/test_util.h — shared helpers of the doctest suites: GPU gating, scratch directories
+// and files, tensor comparisons and the finite-difference gradient check.
 //
 // Gradient-check rule (docs/design.md, PyTorch gradcheck's): CPU, fp64, central
 // differences with eps = 1e-6; an analytic entry a passes against the numeric n
@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -23,6 +24,11 @@
 namespace ffn::test {
 
 bool gpu_available();
+
+// An empty directory <tmp>/ffn-test-<name>-<pid> (removed first if it exists).
+std::filesystem::path temp_dir(const std::string& name);
+// A whole file's bytes ("" if it cannot be read).
+std::string slurp(const std::filesystem::path& p);
 // Skips a TEST_CASE visibly (doctest counts it as skipped) when no GPU is usable.
 #define FFN_GPU_TEST(name) TEST_CASE(name* doctest::skip(!::ffn::test::gpu_available()))
 

@@ -20,23 +20,10 @@
 using namespace ffn;
 using namespace ffn::train;
 namespace fs = std::filesystem;
+using ffn::test::slurp;
+using ffn::test::temp_dir;
 
 namespace {
-
-fs::path fresh(const std::string& name) {
-  const fs::path p =
-      fs::temp_directory_path() / ("ffn-weights-" + name + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 Config tiny(const fs::path& dir, int64_t iters) {
   return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
@@ -68,7 +55,7 @@ std::string val_loss_at(const fs::path& run, int64_t iter) {
 }  // namespace
 
 TEST_CASE("weights: ffn -> hf-gpt2 -> ffn and ffn -> nanogpt -> ffn are byte-identical") {
-  const fs::path root = fresh("roundtrip");
+  const fs::path root = temp_dir("weights-roundtrip");
   run_training(tiny(root / "run", 4), quiet());
   const fs::path model = root / "run" / "ckpt-4" / "model.safetensors";
   const fs::path out = root / "out.txt";
@@ -100,7 +87,7 @@ TEST_CASE("weights: ffn -> hf-gpt2 -> ffn and ffn -> nanogpt -> ffn are byte-ide
 }
 
 TEST_CASE("weights: a hand-made HF GPT-2 file starts a run whose first eval equals the source's") {
-  const fs::path root = fresh("init");
+  const fs::path root = temp_dir("weights-init");
   run_training(tiny(root / "src", 4), quiet());  // evals at 0 and 4
   // Written here, not by ffn-convert: the hub's naming (no "transformer." prefix), Conv1D
   // weights, the causal-mask buffers HF files carry, float32.
@@ -141,7 +128,7 @@ TEST_CASE("weights: a hand-made HF GPT-2 file starts a run whose first eval equa
 }
 
 TEST_CASE("weights: a missing tensor, a transposed shape, an integer dtype and a truncated file are refused") {
-  const fs::path root = fresh("refuse");
+  const fs::path root = temp_dir("weights-refuse");
   run_training(tiny(root / "run", 1), quiet());
   const NamedTensors ours = read_weights((root / "run").string());
   const NamedTensors hf = from_ffn_layout(ours, WeightLayout::hf_gpt2);
