@@ -30,7 +30,8 @@ namespace ffn {
 // True when the CUDA kernels cover this dtype, head_dim and sequence length.
 bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim);
 // True when they are also the faster choice than batched GEMMs + causal softmax: wherever
-// they run (shakespeare_char at T=256 and gpt2_small at T=1024 on the H100, bench/RESULTS.md).
+// they run (shakespeare_char at T=256 and gpt2_small at T=1024 on the H100,
+// bench/RESULTS-2026-11-22.md).
 bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim);
 
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,

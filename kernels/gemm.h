@@ -16,7 +16,7 @@
 // aux is [m, n] (written or read); bias_grad ([n] or [m]) is overwritten (=). The GELU
 // epilogues need beta = 0 and, on the GPU, n divisible by 8 and a 16-bit dtype:
 // cuBLASLt evaluates their tanh approximately (absolute error up to 4e-6 in f32,
-// measured on an H100), below bf16/f16 rounding but not f32's. bench/RESULTS.md has
+// measured on an H100), below bf16/f16 rounding but not f32's. bench/RESULTS-2026-11-22.md has
 // the measurements deciding where the layers use which epilogue.
 #pragma once
 

@@ -54,9 +54,9 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
   Tensor hd;
   // Without hidden dropout, cuBLASLt's GELU_AUX_BIAS epilogue does fc1 + bias + gelu_tanh
   // in the GEMM and saves z + b1 as its aux output: 13% faster than the GEMM plus our
-  // kernel at d=1024, even at d=4096 (bench/RESULTS.md). It cannot apply a dropout mask,
-  // has no erf/SiLU/GLU, and its approximate tanh (4e-5 relative) is only below the
-  // output rounding for 16-bit types.
+  // kernel at d=1024, even at d=4096 (bench/RESULTS-2026-11-22.md). It cannot apply a
+  // dropout mask, has no erf/SiLU/GLU, and its approximate tanh (4e-5 relative) is only
+  // below the output rounding for 16-bit types.
   const bool epilogue = x.is_cuda() && is_half(x.dtype()) && p.w1.defined() && !cfg.gated &&
                         !cfg.recompute && cfg.act == Activation::gelu_tanh && !d.hidden.active() &&
                         h1 % 8 == 0;

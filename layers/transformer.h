@@ -79,7 +79,7 @@ struct GptConfig {
   double init_std = 0.02;
   // 16-bit parameters: keep the residual stream in fp32 (Note [Mixed-precision residual
   // stream]); false keeps it in the parameters' dtype (fewer bytes moved, ~6% faster on
-  // shakespeare_char, bench/RESULTS.md).
+  // shakespeare_char, bench/RESULTS-2026-11-22.md).
   bool fp32_residual = true;
   // Attention as the fused flash-style kernels on the GPU where they apply (bf16/f16, head
   // size 32/64/128); false always uses batched GEMMs + causal softmax (fn::causal_attention).

@@ -214,7 +214,8 @@ FFN_GPU_TEST("gemm epilogues on the GPU match the CPU reference") {
       }
       // 16-bit: GELU_AUX_BIAS meets the 2x-naive rule; DGELU_BGRAD was measured at up to
       // 2.4x the naive error (approximate tanh inside its derivative) and is held to 3x.
-      // The layers use GELU_AUX_BIAS only (DGELU_BGRAD is also slower, bench/RESULTS.md).
+      // The layers use GELU_AUX_BIAS only (DGELU_BGRAD is also slower,
+      // bench/RESULTS-2026-11-22.md).
       check_against_reference(gpu[2], r64[2], r32[2], dt, "gelu_aux_bias c",
                               {.reduce_len = double(k), .term_bound = 1});
       check_against_reference(gpu[3], r64[3], r32[3], dt, "gelu_aux_bias aux",
