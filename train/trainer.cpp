@@ -14,6 +14,7 @@
 #include <new>
 #include <optional>
 #include <sstream>
+#include <type_traits>
 #include <unordered_map>
 
 #include "core/generator.h"
@@ -172,10 +173,17 @@ namespace {
 
 // An allocation failure (ours, or std::bad_alloc from the C++ library) as an error that says
 // where in the run it happened and what to lower; every other error passes unchanged.
-template <class F>
-void with_oom_context(const std::string& stage, const Device& dev, F&& body) {
+// `stage` is text, or a callable giving it (built only on a failure: the per-step call
+// stays free of string work).
+template <class Stage, class F>
+void with_oom_context(const Stage& stage, const Device& dev, F&& body) {
   auto advice = [&](const std::string& what) {
-    return "[train] out of memory " + stage + " on " + dev.str() + ":\n  " + what +
+    std::string where;
+    if constexpr (std::is_invocable_v<Stage>)
+      where = stage();
+    else
+      where = stage;
+    return "[train] out of memory " + where + " on " + dev.str() + ":\n  " + what +
            "\n  To fit, lower train.batch_size (train.grad_accum_steps keeps the global batch), "
            "model.context, model.d_model or model.layers.";
   };
@@ -628,8 +636,9 @@ TrainResult Trainer::run() {
   int64_t done = s.end_iter;
   int stop = 0;
   for (int64_t it = s.start_iter; it < s.end_iter; ++it) {
-    with_oom_context("in iteration " + std::to_string(it + 1) + " (forward, backward, update)",
-                     s.dev, [this, it] { step(it); });
+    with_oom_context(
+        [it] { return "in iteration " + std::to_string(it + 1) + " (forward, backward, update)"; },
+        s.dev, [this, it] { step(it); });
     if (s.opt.after_step) s.opt.after_step(it + 1);
     if ((stop = stop_requested(it + 1)) != 0) {
       done = it + 1;
