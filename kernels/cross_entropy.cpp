@@ -21,42 +21,49 @@ void check_acc(const Tensor& t, const Tensor& logits, const Shape& shape, const 
             dtype_name(acc_dtype(logits.dtype())), ", got ", dtype_name(t.dtype()));
   FFN_CHECK(t.is_contiguous(), "[", op, "] ", name, " must be contiguous");
 }
-void check_common(const Tensor& logits, const Tensor& targets, const char* op, bool check_range) {
+// The number of classes (all columns for classes == 0), checked.
+int64_t check_common(const Tensor& logits, const Tensor& targets, const char* op,
+                     bool check_range, int64_t classes) {
   detail::check_matrix(logits, op, "logits");
   FFN_CHECK(is_float(logits.dtype()), "[", op, "] logits must be a float tensor");
   FFN_CHECK(logits.size(1) > 0, "[", op, "] logits have 0 classes");
+  FFN_CHECK(classes >= 0 && classes <= logits.size(1), "[", op, "] classes=", classes,
+            " must be in [0, ", logits.size(1), "] (the logits' columns; 0: all)");
+  if (classes == 0) classes = logits.size(1);
   check_defined(targets, op, "targets");
   check_shape(targets, {logits.size(0)}, op, "targets");
   check_same_device(targets, logits, op, "targets", "logits");
-  detail::check_indices(targets, logits.size(1), op, "targets", check_range);
+  detail::check_indices(targets, classes, op, "targets", check_range);
+  return classes;
 }
 }  // namespace
 
 void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
-                   bool check_targets) {
-  check_common(logits, targets, "cross_entropy", check_targets);
+                   bool check_targets, int64_t classes) {
+  classes = check_common(logits, targets, "cross_entropy", check_targets, classes);
   FFN_CHECK(logits.size(0) > 0, "[cross_entropy] the mean over 0 rows is undefined");
   check_acc(loss, logits, {}, "cross_entropy", "loss");
   check_acc(lse, logits, {logits.size(0)}, "cross_entropy", "lse");
   const Tensor lc = logits.contiguous();
   if (lc.is_cuda()) {
-    return cuda::cross_entropy(lc, targets, loss, lse);
+    return cuda::cross_entropy(lc, targets, loss, lse, classes);
   }
-  cpu::cross_entropy(lc, targets, loss, lse);
+  cpu::cross_entropy(lc, targets, loss, lse, classes);
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& d_loss, Tensor& d_logits) {
+                            const Tensor& d_loss, Tensor& d_logits, int64_t classes) {
   const char* op = "cross_entropy_backward";
-  check_common(logits, targets, op, /*check_range=*/false);  // the forward checked the values
+  // The forward checked the values.
+  classes = check_common(logits, targets, op, /*check_range=*/false, classes);
   check_acc(lse, logits, {logits.size(0)}, op, "lse");
   check_acc(d_loss, logits, {}, op, "d_loss");
   detail::check_like(d_logits, logits, logits.shape(), op, "d_logits");
   const Tensor lc = logits.contiguous();
   if (lc.is_cuda()) {
-    return cuda::cross_entropy_backward(lc, targets, lse, d_loss, d_logits);
+    return cuda::cross_entropy_backward(lc, targets, lse, d_loss, d_logits, classes);
   }
-  cpu::cross_entropy_backward(lc, targets, lse, d_loss, d_logits);
+  cpu::cross_entropy_backward(lc, targets, lse, d_loss, d_logits, classes);
 }
 
 }  // namespace ffn

@@ -1,14 +1,18 @@
 // kernels/cross_entropy.h — fused softmax + cross-entropy over class logits.
 //
-//   cross_entropy:           lse_i = log Σ_j exp(logits_ij)
+//   cross_entropy:           lse_i = log Σ_{j<C} exp(logits_ij)
 //                            loss  = (1/N) Σ_i (lse_i - logits[i, t_i])              (=)
 //   cross_entropy_backward:  d_logits = (exp(logits - lse) - onehot(t)) · d_loss / N  (=)
+//                            for j < C, 0 for j ≥ C (C = classes, below)
 // logits, d_logits: [N, V]; targets: i32 [N] (an entry outside [0, V) is an error naming
 // the position and value); loss and d_loss: [] and lse: [N] in acc_dtype(logits) (f32 for
 // 16-bit logits). d_loss is read on the device, so the backward does not synchronize. The
 // mean over rows is summed in a fixed order: results are bitwise reproducible.
 // check_targets = false skips the range check (a device sync on the GPU); only for targets
 // the caller knows are in range.
+// classes > 0: only the first `classes` columns are classes (Note [Padded vocabulary]); the
+// others are padding: left out of the softmax, d_logits 0 there, a target there is an error.
+// 0: every column is a class.
 #pragma once
 
 #include "core/tensor.h"
@@ -16,19 +20,22 @@
 namespace ffn {
 
 void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
-                   bool check_targets = true);
+                   bool check_targets = true, int64_t classes = 0);
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& d_loss, Tensor& d_logits);
+                            const Tensor& d_loss, Tensor& d_logits, int64_t classes = 0);
 
+// The backends take classes in [1, V].
 namespace cpu {
-void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse);
+void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                   int64_t classes);
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& d_loss, Tensor& d_logits);
+                            const Tensor& d_loss, Tensor& d_logits, int64_t classes);
 }  // namespace cpu
 namespace cuda {
-void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse);
+void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                   int64_t classes);
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& d_loss, Tensor& d_logits);
+                            const Tensor& d_loss, Tensor& d_logits, int64_t classes);
 }  // namespace cuda
 
 }  // namespace ffn

@@ -75,10 +75,11 @@ void causal_softmax_backward(const Tensor&, const Tensor&, double, const Dropout
   no_cuda("causal_softmax_backward");
 }
 
-void cross_entropy(const Tensor&, const Tensor&, Tensor&, Tensor&) {
+void cross_entropy(const Tensor&, const Tensor&, Tensor&, Tensor&, int64_t) {
   no_cuda("cross_entropy");
 }
-void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                            int64_t) {
   no_cuda("cross_entropy_backward");
 }
 

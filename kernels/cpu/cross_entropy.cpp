@@ -12,9 +12,10 @@ namespace ffn {
 
 namespace cpu {
 
-void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse) {
+void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                   int64_t classes) {
   FFN_DISPATCH_FLOAT(logits.dtype(), "cross_entropy", [&]<class T>() {
-    const int64_t n = logits.size(0), v = logits.size(1);
+    const int64_t n = logits.size(0), v = logits.size(1), c = classes;
     const T* x = logits.data<T>();
     const int32_t* t = targets.data<int32_t>();
     T* l = lse.data<T>();
@@ -22,9 +23,9 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Te
     for (int64_t i = 0; i < n; ++i) {
       const T* row = x + i * v;
       double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < v; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+      for (int64_t j = 0; j < c; ++j) mx = std::max(mx, static_cast<double>(row[j]));
       double s = 0;
-      for (int64_t j = 0; j < v; ++j) s += std::exp(row[j] - mx);
+      for (int64_t j = 0; j < c; ++j) s += std::exp(row[j] - mx);
       const double lsei = mx + std::log(s);
       l[i] = static_cast<T>(lsei);
       total += lsei - row[t[i]];
@@ -34,9 +35,9 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Te
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& d_loss, Tensor& d_logits) {
+                            const Tensor& d_loss, Tensor& d_logits, int64_t classes) {
   FFN_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
-    const int64_t n = logits.size(0), v = logits.size(1);
+    const int64_t n = logits.size(0), v = logits.size(1), c = classes;
     const T* x = logits.data<T>();
     const int32_t* t = targets.data<int32_t>();
     const T* l = lse.data<T>();
@@ -44,7 +45,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
     T* d = d_logits.data<T>();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t j = 0; j < v; ++j) {
-        const double p = std::exp(static_cast<double>(x[i * v + j]) - l[i]);
+        const double p = j < c ? std::exp(static_cast<double>(x[i * v + j]) - l[i]) : 0.0;
         d[i * v + j] = static_cast<T>((p - (j == t[i] ? 1.0 : 0.0)) * scale);
       }
   });

@@ -36,15 +36,16 @@ __device__ A block_reduce(A v, A* smem) {
 
 template <class T, class A>
 __global__ void __launch_bounds__(kThreads)
-    xent_forward_kernel(const T* logits, const int32_t* targets, A* lse, A* row_loss, int64_t v) {
+    xent_forward_kernel(const T* logits, const int32_t* targets, A* lse, A* row_loss, int64_t v,
+                        int64_t c) {
   __shared__ A smem[kThreads / 32];
   const int64_t i = blockIdx.x;
   const T* row = logits + i * v;
   A mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += kThreads) mx = max(mx, static_cast<A>(to_acc(row[j])));
+  for (int64_t j = threadIdx.x; j < c; j += kThreads) mx = max(mx, static_cast<A>(to_acc(row[j])));
   mx = block_reduce<true>(mx, smem);
   A s = 0;
-  for (int64_t j = threadIdx.x; j < v; j += kThreads) s += exp(static_cast<A>(to_acc(row[j])) - mx);
+  for (int64_t j = threadIdx.x; j < c; j += kThreads) s += exp(static_cast<A>(to_acc(row[j])) - mx);
   s = block_reduce<false>(s, smem);
   if (threadIdx.x == 0) {
     const A l = mx + log(s);
@@ -65,21 +66,22 @@ __global__ void __launch_bounds__(kThreads) mean_kernel(const A* x, int64_t n, A
 template <class T, class A>
 __global__ void __launch_bounds__(kThreads)
     xent_backward_kernel(const T* logits, const int32_t* targets, const A* lse, const A* d_loss,
-                         T* d_logits, int64_t n, int64_t v) {
+                         T* d_logits, int64_t n, int64_t v, int64_t c) {
   const int64_t i = blockIdx.x;
   const A scale = *d_loss / static_cast<A>(n), l = lse[i];
   const int64_t t = targets[i];
   const T* row = logits + i * v;
   T* out = d_logits + i * v;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) {
-    const A p = exp(static_cast<A>(to_acc(row[j])) - l);
+    const A p = j < c ? exp(static_cast<A>(to_acc(row[j])) - l) : A(0);
     out[j] = from_acc<T>((p - (j == t ? A(1) : A(0))) * scale);
   }
 }
 
 }  // namespace
 
-void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse) {
+void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
+                   int64_t classes) {
   const int dev = logits.device().index;
   DeviceGuard guard(dev);
   const int64_t n = logits.size(0), v = logits.size(1);
@@ -91,7 +93,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Te
     cudaStream_t s = stream(dev);
     xent_forward_kernel<T, A><<<static_cast<unsigned>(n), kThreads, 0, s>>>(
         static_cast<const T*>(logits.data_ptr()), static_cast<const int32_t*>(targets.data_ptr()),
-        static_cast<A*>(lse.data_ptr()), static_cast<A*>(rows.data_ptr()), v);
+        static_cast<A*>(lse.data_ptr()), static_cast<A*>(rows.data_ptr()), v, classes);
     FFN_CHECK_LAUNCH();
     mean_kernel<A><<<1, kThreads, 0, s>>>(static_cast<const A*>(rows.data_ptr()), n,
                                           static_cast<A*>(loss.data_ptr()));
@@ -100,7 +102,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Te
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            const Tensor& d_loss, Tensor& d_logits) {
+                            const Tensor& d_loss, Tensor& d_logits, int64_t classes) {
   const int dev = logits.device().index;
   DeviceGuard guard(dev);
   const int64_t n = logits.size(0), v = logits.size(1);
@@ -111,7 +113,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
     xent_backward_kernel<T, A><<<static_cast<unsigned>(n), kThreads, 0, stream(dev)>>>(
         static_cast<const T*>(logits.data_ptr()), static_cast<const int32_t*>(targets.data_ptr()),
         static_cast<const A*>(lse.data_ptr()), static_cast<const A*>(d_loss.data_ptr()),
-        static_cast<T*>(d_logits.data_ptr()), n, v);
+        static_cast<T*>(d_logits.data_ptr()), n, v, classes);
     FFN_CHECK_LAUNCH();
   });
 }
