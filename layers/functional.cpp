@@ -202,21 +202,35 @@ class LayerNormNode final : public Node {
   Tensor mean_, rstd_;
 };
 
+class LeadingColumnsNode final : public Node {
+ public:
+  const char* name() const override { return "leading_columns"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const Tensor& x = inputs[0].value();
+    Tensor d = Tensor::zeros(x.shape(), d_out.dtype(), x.device());
+    d.narrow(x.dim() - 1, 0, d_out.size(-1)).copy_(d_out);
+    return {d};
+  }
+  void release() override {}
+};
+
 class CrossEntropyNode final : public Node {
  public:
-  CrossEntropyNode(Tensor targets, Tensor lse) : targets_(std::move(targets)), lse_(std::move(lse)) {}
+  CrossEntropyNode(Tensor targets, Tensor lse, int64_t classes)
+      : targets_(std::move(targets)), lse_(std::move(lse)), classes_(classes) {}
   const char* name() const override { return "cross_entropy"; }
   std::vector<Tensor> backward(Tensor d_out) override {
     const Tensor& logits = inputs[0].value();
     const Tensor l2 = logits.view_2d();
     Tensor d = Tensor::empty(l2.shape(), l2.dtype(), l2.device());
-    cross_entropy_backward(l2, targets_, lse_, d_out, d);
+    cross_entropy_backward(l2, targets_, lse_, d_out, d, classes_);
     return {d.reshape(logits.shape())};
   }
   void release() override { targets_ = lse_ = Tensor(); }
 
  private:
   Tensor targets_, lse_;
+  int64_t classes_;
 };
 
 Tensor value_or_empty(const Var& v) {
@@ -316,7 +330,16 @@ Var layer_norm(const Var& x, const Var& w, const Var& b, double eps) {
                      std::make_shared<LayerNormNode>(std::move(mean), std::move(rstd)), {x, w, b});
 }
 
-Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets) {
+Var leading_columns(const Var& x, int64_t n) {
+  const Tensor& xv = x.value();
+  FFN_CHECK(xv.dim() >= 1 && n >= 0 && n <= xv.size(-1), "[leading_columns] n=", n,
+            " must be in [0, ", xv.dim() ? xv.size(-1) : 0, "] for x.shape=", shape_str(xv.shape()));
+  if (n == xv.size(-1)) return x;
+  return make_output(xv.narrow(xv.dim() - 1, 0, n).contiguous(),
+                     std::make_shared<LeadingColumnsNode>(), {x});
+}
+
+Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets, int64_t classes) {
   const Tensor& lv = logits.value();
   FFN_CHECK(lv.dim() >= 1, "[cross_entropy] logits must have at least one dimension");
   const Tensor l2 = lv.view_2d();
@@ -327,8 +350,9 @@ Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets) 
   const DType ad = acc_dtype(lv.dtype());
   Tensor loss = Tensor::empty({}, ad, lv.device());
   Tensor lse = Tensor::empty({l2.size(0)}, ad, lv.device());
-  ffn::cross_entropy(l2, t, loss, lse, check_targets);
-  return make_output(loss, std::make_shared<CrossEntropyNode>(t, std::move(lse)), {logits});
+  ffn::cross_entropy(l2, t, loss, lse, check_targets, classes);
+  return make_output(loss, std::make_shared<CrossEntropyNode>(t, std::move(lse), classes),
+                     {logits});
 }
 
 }  // namespace ffn::fn

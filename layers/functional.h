@@ -38,8 +38,12 @@ Var embedding(const Tensor& ids, const Var& table, bool check_ids = true);
 Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.
-// check_targets: see kernels/cross_entropy.h.
-Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets = true);
+// check_targets, classes: see kernels/cross_entropy.h (classes > 0: only the first
+// `classes` columns are classes, the rest padding; Note [Padded vocabulary]).
+Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets = true,
+                  int64_t classes = 0);
+// x[..., :n] as a new contiguous tensor; the gradient is d_out zero-padded back to x's width.
+Var leading_columns(const Var& x, int64_t n);
 // Causal multi-head self-attention core: qkv [B, T, 3C] (q | k | v, heads of C/heads
 // columns each) → [B, T, C] = concat_h(dropout(softmax(q_h k_hᵀ/√d)) v_h). One node. With
 // `fused` (the default), bf16/f16 on the GPU runs the flash-style kernels of

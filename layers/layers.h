@@ -53,18 +53,22 @@ class Dropout : public Layer {
 
 // model.ffn: which FFN a transformer block (or ffn-demo) builds. ffn_activation() is the
 // one mapping from the name to the math: "gelu" is the exact-erf GELU (PyTorch's nn.GELU()
-// default, nanoGPT's MLP), "geglu" gates with the tanh GELU, "swiglu" with SiLU.
-enum class FfnKind : uint8_t { gelu, geglu, swiglu };
-inline constexpr NameOf<FfnKind> kFfnKindNames[] = {
-    {FfnKind::gelu, "gelu"}, {FfnKind::geglu, "geglu"}, {FfnKind::swiglu, "swiglu"}};
+// default, nanoGPT's MLP), "gelu_tanh" its tanh approximation (GPT-2's and HF's gelu_new),
+// "geglu" gates with the tanh GELU, "swiglu" with SiLU.
+enum class FfnKind : uint8_t { gelu, geglu, swiglu, gelu_tanh };
+inline constexpr NameOf<FfnKind> kFfnKindNames[] = {{FfnKind::gelu, "gelu"},
+                                                    {FfnKind::geglu, "geglu"},
+                                                    {FfnKind::swiglu, "swiglu"},
+                                                    {FfnKind::gelu_tanh, "gelu_tanh"}};
 struct FfnActivation {
   Activation act;
   bool gated;
 };
 constexpr FfnActivation ffn_activation(FfnKind k) {
-  return k == FfnKind::swiglu  ? FfnActivation{Activation::silu, true}
-         : k == FfnKind::geglu ? FfnActivation{Activation::gelu_tanh, true}
-                               : FfnActivation{Activation::gelu_erf, false};
+  return k == FfnKind::swiglu      ? FfnActivation{Activation::silu, true}
+         : k == FfnKind::geglu     ? FfnActivation{Activation::gelu_tanh, true}
+         : k == FfnKind::gelu_tanh ? FfnActivation{Activation::gelu_tanh, false}
+                                   : FfnActivation{Activation::gelu_erf, false};
 }
 
 struct FeedForwardOptions {

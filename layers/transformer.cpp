@@ -4,17 +4,30 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/checks.h"
+
 namespace ffn {
 
 Embedding::Embedding(int64_t num, int64_t dim, double init_std, const ParamInit& place,
-                     Generator& init) {
+                     Generator& init, int64_t rows)
+    : num_(num) {
   FFN_CHECK(num > 0 && dim > 0, "[embedding] num=", num, " and dim=", dim, " must be > 0");
-  w_ = register_parameter("weight",
-                          Tensor::randn({num, dim}, init, place.dtype, place.device, 0.0, init_std));
+  Tensor w = Tensor::randn({num, dim}, init, place.dtype, place.device, 0.0, init_std);
+  if (rows > num) {
+    Tensor padded = Tensor::zeros({rows, dim}, place.dtype, place.device);
+    padded.narrow(0, 0, num).copy_(w);
+    w = padded;
+  }
+  w_ = register_parameter("weight", w);
 }
 
 Var Embedding::forward(const Tensor& ids, bool check_ids) {
   check_same_device(ids, w_.value(), "embedding", "ids", "weight");
+  // The kernels check against the table's rows; padding rows are not ids.
+  if (check_ids && num_ < w_.value().size(0)) {
+    detail::check_indices(ids.contiguous(), num_, "embedding", "ids", true);
+    check_ids = false;
+  }
   return fn::embedding(ids, w_, check_ids);
 }
 
@@ -131,11 +144,12 @@ Var TransformerBlock::forward_impl(const Var& x) {
 GPT::GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
     : cfg_(cfg),
       rng_(rng),
-      wte_(cfg.vocab_size, cfg.d_model, cfg.init_std, cfg.place, init),
+      wte_(cfg.vocab_size, cfg.d_model, cfg.init_std, cfg.place, init, cfg.padded_vocab()),
       wpe_(cfg.context, cfg.d_model, cfg.init_std, cfg.place, init),
       drop_(cfg.dropout, rng),
       ln_f_(cfg.d_model, cfg.bias, cfg.place) {
   FFN_CHECK(cfg.layers > 0, "[model] layers must be > 0, got ", cfg.layers);
+  FFN_CHECK(cfg.vocab_pad_to >= 1, "[model] vocab_pad_to must be >= 1, got ", cfg.vocab_pad_to);
   register_module("wte", wte_);
   register_module("wpe", wpe_);
   register_module("drop", drop_);
@@ -178,18 +192,35 @@ Var GPT::hidden(const Tensor& ids, bool ids_in_range) {
 }
 
 Var GPT::forward(const Tensor& ids, bool ids_in_range) {
-  return fn::linear(hidden(ids, ids_in_range), wte_.weight(), Var());
+  return fn::leading_columns(fn::linear(hidden(ids, ids_in_range), wte_.weight(), Var()),
+                             cfg_.vocab_size);
 }
 
 Var GPT::loss(const Tensor& ids, const Tensor& targets, bool ids_in_range) {
   FFN_CHECK(targets.shape() == ids.shape(), "[gpt] targets.shape=", shape_str(targets.shape()),
             " != ids.shape=", shape_str(ids.shape()));
-  return fn::cross_entropy(forward(ids, ids_in_range), targets, !ids_in_range);
+  // The padded logits go to the loss as they are; it leaves the padding columns out.
+  const Var logits = fn::linear(hidden(ids, ids_in_range), wte_.weight(), Var());
+  return fn::cross_entropy(logits, targets, !ids_in_range, cfg_.vocab_size);
+}
+
+int64_t GPT::stored_parameters() const {
+  return num_parameters() - (cfg_.padded_vocab() - cfg_.vocab_size) * cfg_.d_model;
 }
 
 double GPT::flops_per_token(int64_t t) const {
-  const double n = static_cast<double>(num_parameters() - wpe_.weight().value().numel());
+  const double n = static_cast<double>(stored_parameters() - wpe_.weight().value().numel());
   return 6.0 * n + 12.0 * static_cast<double>(cfg_.layers * t * cfg_.d_model);
+}
+
+GPT::NamedTensors GPT::stored_view(NamedTensors ts) const {
+  const int64_t vp = cfg_.padded_vocab();
+  if (vp == cfg_.vocab_size) return ts;
+  for (auto& [name, t] : ts)
+    if ((name == "wte.weight" || name.starts_with("wte.weight.")) && t.dim() == 2 &&
+        t.size(0) == vp)
+      t = t.narrow(0, 0, cfg_.vocab_size);
+  return ts;
 }
 
 }  // namespace ffn

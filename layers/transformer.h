@@ -14,13 +14,17 @@ namespace ffn {
 
 class Embedding : public Module {
  public:
-  // N(0, init_std) rows.
-  Embedding(int64_t num, int64_t dim, double init_std, const ParamInit& place, Generator& init);
-  // ids: i32 of any shape → [..., dim]. check_ids: see kernels/embedding.h.
+  // N(0, init_std) rows for ids 0..num-1, drawn as for a [num, dim] table, then zero rows up
+  // to `rows` (padding, Note [Padded vocabulary]; rows <= num: none).
+  Embedding(int64_t num, int64_t dim, double init_std, const ParamInit& place, Generator& init,
+            int64_t rows = 0);
+  // ids: i32 of any shape with values in [0, num) → [..., dim]. check_ids: see
+  // kernels/embedding.h.
   Var forward(const Tensor& ids, bool check_ids = true);
   const Var& weight() const { return w_; }
 
  private:
+  int64_t num_;
   Var w_;
 };
 
@@ -66,8 +70,28 @@ class CausalSelfAttention : public Layer {
   Linear c_attn_, c_proj_;
 };
 
+// Note [Padded vocabulary]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The token embedding (tied to the LM head) has padded_vocab() = vocab_size rounded up to
+// a multiple of vocab_pad_to rows (llm.c's Vp), so the LM-head GEMMs and the cross-entropy
+// run on aligned widths: 50257 → 50304 for GPT-2 (a 38% faster step on an H100,
+// bench/RESULTS.md). vocab_size stays the model's vocabulary:
+//   - the padding rows start at zero and stay zero: no id looks them up, and their logits
+//     are left out of the softmax (fn::cross_entropy's `classes`), so their gradient is 0
+//     and AdamW (weight decay included) leaves them at 0;
+//   - GPT::forward returns [B, T, vocab_size] logits, so no padded id can be sampled;
+//   - a checkpoint or weight file holds [vocab_size, d] (GPT::stored_view, used by the
+//     trainer, ffn-sample and --init-from), so files do not depend on the padding and a
+//     run resumes with any vocab_pad_to.
+// The first vocab_size rows are drawn exactly as for an unpadded table: padding changes
+// no initial weight and no loss beyond GEMM rounding.
 struct GptConfig {
   int64_t vocab_size = 0;
+  int64_t vocab_pad_to = 1;  // Note [Padded vocabulary]; 1: no padding
+  int64_t padded_vocab() const {
+    return vocab_pad_to > 1 ? (vocab_size + vocab_pad_to - 1) / vocab_pad_to * vocab_pad_to
+                            : vocab_size;
+  }
   int64_t context = 0;
   int64_t layers = 0;
   int64_t heads = 0;
@@ -114,14 +138,23 @@ class GPT : public Module {
   const Var& token_embedding() const { return wte_.weight(); }
   // ids: i32 [B, T] with T ≤ context → final hidden states [B, T, C] (after ln_f).
   Var hidden(const Tensor& ids, bool ids_in_range = false);
-  // logits [B, T, V] through the tied embedding.
+  // logits [B, T, vocab_size] through the tied embedding (never the padding).
   Var forward(const Tensor& ids, bool ids_in_range = false);
   // Mean cross-entropy of the next-token predictions against targets [B, T].
   // ids_in_range: the caller guarantees every id and target is < vocab_size, so the GPU
   // range checks (one device sync each) are skipped; the trainer's batches are.
   Var loss(const Tensor& ids, const Tensor& targets, bool ids_in_range = false);
-  // FLOPs of one training step's forward+backward per token (PaLM's 6N + 12·L·T·C).
+  // FLOPs of one training step's forward+backward per token (PaLM's 6N + 12·L·T·C), N
+  // without the vocabulary padding.
   double flops_per_token(int64_t t) const;
+  // Parameters as a checkpoint stores them: without the vocabulary padding.
+  int64_t stored_parameters() const;
+  // The tensors of `ts` as files store them (Note [Padded vocabulary]): every tensor named
+  // "wte.weight" or "wte.weight.<suffix>" (optimizer state) with padded_vocab() rows becomes
+  // a view of its first vocab_size rows; the others pass through. Saving writes the views,
+  // loading copies into them and leaves the padding at zero.
+  using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+  NamedTensors stored_view(NamedTensors ts) const;
 
  private:
   Tensor positions(int64_t b, int64_t t);

@@ -402,6 +402,67 @@ TEST_CASE("GPT: tied embeddings, parameter names, eval is deterministic, shape e
                        doctest::Contains("d_model=4 is not divisible by heads=3"), Error);
 }
 
+TEST_CASE("GPT with a padded vocabulary: same init, loss, gradients and logits as unpadded") {
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
+  GptConfig pc = tiny_gpt(FfnKind::gelu, 0.1f);
+  pc.vocab_pad_to = 8;  // 11 → 16 rows
+  REQUIRE(pc.padded_vocab() == 16);
+  Generator i1(3), i2(3);
+  auto r1 = std::make_shared<Generator>(9), r2 = std::make_shared<Generator>(9);
+  GPT plain(tiny_gpt(FfnKind::gelu, 0.1f), r1, i1), padded(pc, r2, i2);
+  const Tensor wte = padded.token_embedding().value();
+  CHECK(wte.shape() == Shape{16, 4});
+  // The first 11 rows are drawn as for the unpadded table, and every other weight too.
+  auto pp = padded.named_parameters(), up = plain.named_parameters();
+  REQUIRE(pp.size() == up.size());
+  CHECK(wte.narrow(0, 0, 11).contiguous().to_vector() == up[0].second.value().to_vector());
+  for (double v : wte.narrow(0, 11, 5).contiguous().to_vector()) CHECK(v == 0.0);
+  for (size_t i = 1; i < pp.size(); ++i)
+    CHECK(pp[i].second.value().to_vector() == up[i].second.value().to_vector());
+  CHECK(padded.stored_parameters() == plain.num_parameters());
+  CHECK(padded.flops_per_token(5) == plain.flops_per_token(5));
+
+  Var lu = plain.loss(x, y), lp = padded.loss(x, y);
+  CHECK(lp.value().item() == doctest::Approx(lu.value().item()).epsilon(1e-13));
+  lu.backward();
+  lp.backward();
+  const Tensor gw = pp[0].second.grad();
+  CHECK(ffn::test::max_abs_diff(gw.narrow(0, 0, 11).contiguous(), up[0].second.grad()) <
+        1e-13);
+  for (double v : gw.narrow(0, 11, 5).contiguous().to_vector()) CHECK(v == 0.0);
+  for (size_t i = 1; i < pp.size(); ++i)
+    CHECK(ffn::test::max_abs_diff(pp[i].second.grad(), up[i].second.grad()) < 1e-13);
+
+  // Logits never show the padding; the padding is not an id; files see [11, 4].
+  plain.eval();
+  padded.eval();
+  const Tensor lo = padded.forward(x).value();
+  CHECK(lo.shape() == Shape{2, 5, 11});
+  CHECK(ffn::test::max_abs_diff(lo, plain.forward(x).value()) < 1e-13);
+  CHECK_THROWS_WITH_AS(padded.forward(token_ids({1, 11}, 1, 2)),
+                       doctest::Contains("ids[1]=11 is out of range [0, 11)"), Error);
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (auto& [n, v] : pp) named.emplace_back(n, v.value());
+  named.emplace_back("wte.weight.exp_avg", Tensor::zeros({16, 4}, DType::f64));
+  named.emplace_back("wte.weightx", Tensor::zeros({16, 4}, DType::f64));
+  const auto stored = padded.stored_view(named);
+  CHECK(stored[0].second.shape() == Shape{11, 4});
+  CHECK(stored[0].second.data_ptr() == wte.data_ptr());  // a view: loading writes the model
+  CHECK(stored[stored.size() - 2].second.shape() == Shape{11, 4});
+  CHECK(stored.back().second.shape() == Shape{16, 4});  // another name
+}
+
+TEST_CASE("GPT with a padded vocabulary passes finite-difference checks") {
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3}, 2, 3);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7}, 2, 3);
+  GptConfig c = tiny_gpt(FfnKind::gelu, 0.0f);
+  c.vocab_pad_to = 4;
+  Generator init(5);
+  GPT model(c, std::make_shared<Generator>(1), init);
+  gradcheck_vars([&]() { return model.loss(x, y); }, model.parameters());
+}
+
 FFN_GPU_TEST("GPT on the GPU (f32) matches the CPU: loss and every gradient") {
   const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
   const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);

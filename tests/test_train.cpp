@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "optim/adamw.h"
@@ -13,6 +14,7 @@
 #include "train/config.h"
 #include "train/data.h"
 #include "train/io/json.h"
+#include "train/run_dir.h"
 #include "train/trainer.h"
 
 using namespace ffn;
@@ -79,13 +81,17 @@ TEST_CASE("config: choice keys are parsed once into enums, with one FfnKind -> a
                            "device = \"cpu\"", "kind = \"synthetic\""})
     CHECK_MESSAGE(dumped.find(line) != std::string::npos, line);
   // "gelu" means the exact-erf GELU everywhere (ffn-train's blocks and ffn-demo both read
-  // ffn_activation); the gated kinds use the tanh GELU and SiLU.
+  // ffn_activation), "gelu_tanh" GPT-2's approximation; the gated kinds use the tanh GELU
+  // and SiLU.
   CHECK(ffn_activation(FfnKind::gelu).act == Activation::gelu_erf);
   CHECK(!ffn_activation(FfnKind::gelu).gated);
   CHECK(ffn_activation(FfnKind::geglu).act == Activation::gelu_tanh);
   CHECK(ffn_activation(FfnKind::geglu).gated);
   CHECK(ffn_activation(FfnKind::swiglu).act == Activation::silu);
   CHECK(ffn_activation(FfnKind::swiglu).gated);
+  CHECK(ffn_activation(FfnKind::gelu_tanh).act == Activation::gelu_tanh);  // GPT-2's
+  CHECK(!ffn_activation(FfnKind::gelu_tanh).gated);
+  CHECK(Config::parse("[model]\nffn = \"gelu_tanh\"\n", "t.toml", {}).model.ffn == FfnKind::gelu_tanh);
   CHECK(compute_dtype(Precision::automatic, Device::cpu()) == DType::f32);
   CHECK(compute_dtype(Precision::automatic, Device::cuda(0)) == DType::bf16);
   CHECK(compute_dtype(Precision::fp16, Device::cuda(0)) == DType::f16);
@@ -354,6 +360,53 @@ TEST_CASE("resume is bit-exact: N steps + resume + N steps == 2N steps") {
   // A fresh run refuses to clobber a run dir with checkpoints.
   CHECK_THROWS_WITH_AS(run_training(tiny_config(a, 10), quiet),
                        doctest::Contains("already holds checkpoints"), Error);
+  fs::remove_all(root);
+}
+
+TEST_CASE("a padded vocabulary stays out of checkpoints; a run resumes with another padding") {
+  const fs::path root = temp_dir("padvocab");
+  const std::string a = (root / "padded").string(), b = (root / "plain").string();
+  TrainOptions quiet;
+  quiet.quiet = true;
+  Config pa = tiny_config(a, 6), pb = tiny_config(b, 6);
+  REQUIRE(pa.model.vocab_pad_to == 128);  // the default
+  pb.model.vocab_pad_to = 1;
+  run_training(pa, quiet);
+  run_training(pb, quiet);
+  // The same initial weights and the same losses, up to GEMM rounding.
+  const auto la = metric_lines(a, "train_loss"), lb = metric_lines(b, "train_loss");
+  REQUIRE(la.size() == lb.size());
+  REQUIRE(!la.empty());
+  for (size_t i = 0; i < la.size(); ++i) {
+    auto loss = [](const std::string& l) {
+      return std::strtod(l.c_str() + l.find("\"train_loss\":") + 13, nullptr);
+    };
+    const double x = loss(la[i]), y = loss(lb[i]);
+    CHECK(x > 0.5);
+    CHECK(x == doctest::Approx(y).epsilon(1e-4));
+  }
+  // Both files hold [vocab, d] embeddings and optimizer state: the files do not see the
+  // padding (same names, same shapes).
+  auto shapes = [](const fs::path& f) {
+    std::map<std::string, Shape> m;
+    for (const auto& [n, t] : load_safetensors(f.string())) m[n] = t.shape();
+    return m;
+  };
+  for (const char* f : {"model.safetensors", "optim.safetensors"}) {
+    const auto sa = shapes(fs::path(a) / "ckpt-6" / f), sb = shapes(fs::path(b) / "ckpt-6" / f);
+    CHECK_MESSAGE(sa == sb, f);
+    REQUIRE(sa.count("wte.weight") + sa.count("wte.weight.exp_avg") == 1);
+    const Shape w = sa.count("wte.weight") ? sa.at("wte.weight") : sa.at("wte.weight.exp_avg");
+    CHECK(w[0] < 128);
+  }
+  // The padded run resumes without padding, and the unpadded one with it.
+  TrainOptions ra = quiet, rb = quiet;
+  ra.resume = a;
+  rb.resume = b;
+  Config ca = resume_config(a, {"train.iters=8", "model.vocab_pad_to=1"});
+  Config cb = resume_config(b, {"train.iters=8", "model.vocab_pad_to=64"});
+  CHECK(run_training(ca, ra).iters_done == 8);
+  CHECK(run_training(cb, rb).iters_done == 8);
   fs::remove_all(root);
 }
 

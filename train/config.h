@@ -69,6 +69,7 @@ struct DataSection {
 
 struct ModelSection {
   int64_t vocab_size = 0;  // 0: from the data (text/synthetic); required for tokens
+  int64_t vocab_pad_to = 128;  // Note [Padded vocabulary] (layers/transformer.h); 1: none
   int64_t context = 64;
   int64_t layers = 2;
   int64_t heads = 2;

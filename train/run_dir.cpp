@@ -34,9 +34,12 @@ fs::path canonical_dir(const std::string& p) {
 
 // What a resume may not change: the keys that decide the model, the data and its order,
 // the dropout streams and the parameters' dtype.
+// The padding of the vocabulary is not in the files (Note [Padded vocabulary]): a run may
+// resume with another.
 bool fixed_on_resume(const std::string& key) {
-  return key.rfind("model.", 0) == 0 || key.rfind("data.", 0) == 0 || key == "run.seed" ||
-         key == "train.batch_size" || key == "runtime.precision";
+  return (key.rfind("model.", 0) == 0 && key != "model.vocab_pad_to") ||
+         key.rfind("data.", 0) == 0 || key == "run.seed" || key == "train.batch_size" ||
+         key == "runtime.precision";
 }
 
 }  // namespace

@@ -99,6 +99,10 @@ bool has_checkpoints(const std::string& dir) {
 // A step's activations cannot be smaller than its logits (B·T·vocab values); refuse batch
 // sizes whose logits alone exceed the device's memory before anything is allocated.
 void check_step_fits(const Config& c, int64_t vocab, Device dev, DType dt, int world) {
+  GptConfig g;
+  g.vocab_size = vocab;
+  g.vocab_pad_to = c.model.vocab_pad_to;
+  vocab = g.padded_vocab();
   const double tokens = static_cast<double>(c.train.batch_size / world) *
                         static_cast<double>(c.model.context);
   const double logits = tokens * static_cast<double>(vocab) * static_cast<double>(dtype_size(dt));
@@ -117,6 +121,7 @@ void check_step_fits(const Config& c, int64_t vocab, Device dev, DType dt, int w
 GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
   GptConfig g;
   g.vocab_size = vocab;
+  g.vocab_pad_to = c.model.vocab_pad_to;
   g.context = c.model.context;
   g.layers = c.model.layers;
   g.heads = c.model.heads;
@@ -360,8 +365,10 @@ void Trainer::restore() {
   State& s = *s_;
   if (!s.resume_dir.empty()) {
     const TrainState& st = s.resumed;
-    load_tensors_into((fs::path(s.resume_dir) / "model.safetensors").string(), values_of(s.params));
-    load_tensors_into((fs::path(s.resume_dir) / "optim.safetensors").string(), s.optim->state());
+    load_tensors_into((fs::path(s.resume_dir) / "model.safetensors").string(),
+                      s.model->stored_view(values_of(s.params)));
+    load_tensors_into((fs::path(s.resume_dir) / "optim.safetensors").string(),
+                      s.model->stored_view(s.optim->state()));
     s.optim->set_counters(st.optim_counters);
     if (s.scaler->enabled()) s.scaler->set_state(st.loss_scaler);
     s.rng->set_offset(st.rng_offset);
@@ -388,14 +395,19 @@ void Trainer::announce() const {
      << (s.world > 1 ? " x " + std::to_string(s.world) + " processes (NCCL)" : "") << " | "
      << dtype_name(s.dt) << " | " << s.data.describe;
   s.progress->line(os.str());
+  const GptConfig& g = s.model->config();
+  const std::string vocab_text =
+      std::to_string(g.vocab_size) +
+      (g.padded_vocab() > g.vocab_size ? " (LM head padded to " + std::to_string(g.padded_vocab()) + ")"
+                                       : std::string());
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "model: GPT %lld layers, %lld heads, d_model %lld, context %lld, ffn %s, %.2fM "
-                "params | batch %s (%s tokens/iter) | run dir %s",
+                "model: GPT %lld layers, %lld heads, d_model %lld, context %lld, ffn %s, vocab "
+                "%s, %.2fM params | batch %s (%s tokens/iter) | run dir %s",
                 static_cast<long long>(c.model.layers), static_cast<long long>(c.model.heads),
                 static_cast<long long>(c.model.d_model), static_cast<long long>(c.model.context),
-                name_of(kFfnKindNames, c.model.ffn),
-                static_cast<double>(s.model->num_parameters()) / 1e6,
+                name_of(kFfnKindNames, c.model.ffn), vocab_text.c_str(),
+                static_cast<double>(s.model->stored_parameters()) / 1e6,
                 (c.train.grad_accum_steps > 1
                      ? std::to_string(c.train.batch_size) + " x " +
                            std::to_string(c.train.grad_accum_steps) + " micro-batches = " +
@@ -424,10 +436,9 @@ void Trainer::init_weights() {
   // 16-bit parameters have fp32 masters in AdamW, made from the random init: they take the
   // file's values too (at the file's precision).
   std::map<std::string, Tensor> masters;
-  for (const auto& [n, t] : s.optim->state())
+  for (const auto& [n, t] : s.model->stored_view(s.optim->state()))
     if (n.size() > 7 && n.compare(n.size() - 7, 7, ".master") == 0) masters[n.substr(0, n.size() - 7)] = t;
-  for (const auto& [name, v] : s.params) {
-    Tensor dst = v.value();
+  for (auto& [name, dst] : s.model->stored_view(values_of(s.params))) {
     auto it = by_name.find(name);
     if (it == by_name.end())
       config_error("--init-from: '" + file + "' has no tensor for '" + name +
@@ -469,8 +480,10 @@ std::string Trainer::checkpoint(int64_t done) {
   t.best_val = s.best_val;
   t.world = s.world;
   t.vocab = s.data.chars;
-  s.last_checkpoint = save_checkpoint(s.run_dir, t, values_of(s.params), s.optim->state(),
-                                     s.cfg.to_toml(resolved_values()), s.cfg.run.keep_checkpoints);
+  s.last_checkpoint = save_checkpoint(
+      s.run_dir, t, s.model->stored_view(values_of(s.params)),
+      s.model->stored_view(s.optim->state()), s.cfg.to_toml(resolved_values()),
+      s.cfg.run.keep_checkpoints);
   s.last_checkpoint_iter = done;
   return s.last_checkpoint;
 }

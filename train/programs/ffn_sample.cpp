@@ -41,6 +41,7 @@ void sample(GPT& model, const GptConfig& g, const std::vector<uint8_t>& vocab,
     const Tensor last = h.value().reshape({t, g.d_model}).narrow(0, t - 1, 1);
     const Var logits = fn::linear(Var(last), model.token_embedding(), Var());
     std::vector<double> l = logits.value().to_vector();
+    l.resize(static_cast<size_t>(g.vocab_size));  // never a padding row (Note [Padded vocabulary])
     if (temperature == 0.0) {
       const int32_t next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
       ids.push_back(next);
@@ -115,7 +116,8 @@ int main(int argc, char** argv) {
     GPT model(g, std::make_shared<Generator>(0), init);
     model.eval();
     train::load_tensors_into((fs::path(dir) / "model.safetensors").string(),
-                             train::values_of(model.named_parameters()), /*allow_cast=*/true);
+                             model.stored_view(train::values_of(model.named_parameters())),
+                             /*allow_cast=*/true);
     std::vector<int32_t> ids = train::encode_chars(st.vocab, prompt);
     FFN_CHECK(!ids.empty(), "[ffn-sample] the prompt is empty");
     std::fputs(prompt.c_str(), stdout);
