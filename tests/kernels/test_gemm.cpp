@@ -352,6 +352,60 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference in every layout 
                     doctest::Contains("[sm90_gemm] cannot run a [8, 8] bf16"));
 }
 
+FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs are bitwise equal") {
+  Generator g(73);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  // Forced split counts (uneven K ranges: 17 K blocks in 2, 5 or 17 parts; 1001 = a ragged
+  // last block) in every layout and both schedules, N odd (the reduce's element-wise path)
+  // and N % 4 == 0 (its 16-byte path); then shapes the cost model splits by itself.
+  struct Case {
+    int64_t m, n, k;
+    int splits;
+  };
+  const Case cases[] = {{129, 257, 1088, 2}, {136, 264, 1001, 5}, {64, 72, 1088, 17},
+                        {8, 16, 520, 3},     {256, 256, 8192, 0}, {384, 768, 4096, 0}};
+  for (const Case& cs : cases)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const int64_t m = cs.m, n = cs.n, k = cs.k;
+        const std::vector<int64_t> sa = ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k};
+        const std::vector<int64_t> sb = tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
+        if (sa[1] % 8 != 0 || sb[1] % 8 != 0) continue;  // not a TMA layout (tested above)
+        const Tensor a64 = exact(rand64(sa, g), DType::bf16), b64 = exact(rand64(sb, g), DType::bf16);
+        const Tensor c64 = exact(rand64({n}, g), DType::bf16);
+        const Tensor ref = matmul(a64, b64, {.trans_a = ta, .trans_b = tb, .bias = c64});
+        const Tensor naive = matmul(a64.to(DType::f32), b64.to(DType::f32),
+                                    {.trans_a = ta, .trans_b = tb, .bias = c64.to(DType::f32)});
+        const Tensor a = a64.to(DType::bf16).to(kGpu), b = b64.to(DType::bf16).to(kGpu);
+        for (cuda::Sm90Schedule sched :
+             {cuda::Sm90Schedule::automatic, cuda::Sm90Schedule::pingpong}) {
+          if (cs.splits == 0 && sched != cuda::Sm90Schedule::automatic) continue;
+          const cuda::Sm90GemmArgs args{.trans_a = ta,
+                                        .trans_b = tb,
+                                        .bias = c64.to(DType::bf16).to(kGpu),
+                                        .schedule = sched,
+                                        .splits = cs.splits};
+          Tensor out = Tensor::full({m, n}, NAN, DType::bf16, kGpu), again = out.clone();
+          cuda::sm90_gemm(a, b, out, args);
+          cuda::sm90_gemm(a, b, again, args);
+          const std::string what = std::string("sm90 split-K ") + layout_name(ta, tb) + " m" +
+                                   std::to_string(m) + " n" + std::to_string(n) + " k" +
+                                   std::to_string(k) + " splits " + std::to_string(cs.splits) +
+                                   (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : "");
+          check_against_reference(out, ref, naive, DType::bf16, what,
+                                  {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+          CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+        }
+      }
+  const Tensor probe = Tensor::zeros({8, 8}, DType::bf16, kGpu);
+  Tensor c88 = Tensor::zeros({8, 8}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(cuda::sm90_gemm(probe, probe, c88, {.trans_b = true, .splits = -1}),
+                    doctest::Contains("[sm90_gemm] splits must be >= 0"));
+}
+
 FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_dropout") {
   Generator g(72);
   if (!sm90_here()) {

@@ -8,6 +8,7 @@
 //   StoreC          C = acc (+ bias[col]), stored from registers (any N)
 //   StoreCTma       the same through shared memory and TMA stores (N % 8 == 0): the stores
 //                   run asynchronously while the warpgroup goes on to its next tile
+//   StorePartial    split-K: fp32 partial sums into a workspace (Note [Split-K])
 //   BiasActDropout  z = round(acc) (stored if asked), hd = dropout(act(z + b1)): fc1 of the
 //                   plain FFN. z is rounded to T before the bias exactly as the unfused path
 //                   stores it, so hd is the value bias_act_dropout(z) gives, and the mask is
@@ -29,6 +30,7 @@ struct TileCtx {
   int barrier;       // named barrier id of the warpgroup
   uint8_t* scratch;  // kScratchBytes<BN> of shared memory owned by this warpgroup
   const CUtensorMap* c_map;  // C as 64×64 boxes with 128-byte swizzling (StoreCTma)
+  int split = 0;             // the unit's part of K (StorePartial; Note [Split-K])
 };
 
 // Stores a pair: one 4-byte store when both are in range and the row start is aligned.
@@ -87,6 +89,43 @@ struct StoreC {
       if (second) v1 += to_acc(__ldg(bias + col + 1));
     }
     store_pair(c + static_cast<int64_t>(row) * n + col, second, (n & 1) == 0, v0, v1);
+  }
+};
+
+// Split-K (Note [Split-K]): the fp32 partial sums of one K range, into its slice of the
+// [splits, m, n] workspace; splitk_reduce adds the bias and rounds.
+struct StorePartial {
+  float* ws;
+  int m, n;
+
+  template <int BN, int ROWS>
+  static constexpr int kScratchBytes = 0;
+
+  template <int R>
+  __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
+    float* part = ws + static_cast<int64_t>(t.split) * m * n;
+#pragma unroll
+    for (int i = 0; i < R; i += 4) {
+      pair(part, t.row0, t.col0 + 2 * i, acc[i], acc[i + 1]);
+      pair(part, t.row0 + 8, t.col0 + 2 * i, acc[i + 2], acc[i + 3]);
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
+                                        TileCtx t) const {
+    tile(acc0, t);
+    t.rows += 64, t.row0 += 64;
+    tile(acc1, t);
+  }
+  __device__ __forceinline__ void pair(float* part, int row, int col, float v0, float v1) const {
+    if (row >= m || col >= n) return;
+    float* p = part + static_cast<int64_t>(row) * n + col;
+    if (col + 1 < n && (n & 1) == 0) {
+      *reinterpret_cast<float2*>(p) = make_float2(v0, v1);
+    } else {
+      p[0] = v0;
+      if (col + 1 < n) p[1] = v1;
+    }
   }
 };
 

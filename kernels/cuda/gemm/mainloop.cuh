@@ -18,7 +18,8 @@
 // first pass over the ring does not wait. Consumers keep one k-block of wgmmas in flight
 // (wait_group 1) and release the stage before it. Both roles walk the same tile sequence
 // (TileScheduler), so the producer runs ahead into the next tile while the consumers finish
-// the epilogue of the current one.
+// the epilogue of the current one. A unit (TileScheduler) is a tile or, with split-K, a
+// range of its K blocks (Note [Split-K]); the consumers accumulate only that range.
 #pragma once
 
 #include "kernels/cuda/gemm/sm90.cuh"
@@ -96,19 +97,18 @@ struct Mainloop {
     fence_barrier_init();
   }
 
-  // The producer thread: every k-block of every tile of this CTA, in order.
-  __device__ void produce(const CUtensorMap* ta, const CUtensorMap* tb, const TileScheduler& sched,
-                          int k_blocks) const {
+  // The producer thread: every k-block of every unit of this CTA, in order.
+  __device__ void produce(const CUtensorMap* ta, const CUtensorMap* tb,
+                          const TileScheduler& sched) const {
     int stage = 0;
     uint32_t phase = 0;
-    for (int t = blockIdx.x; t < sched.num_tiles(); t += gridDim.x) {
-      int tm, tn;
-      sched.coords(t, tm, tn);
-      for (int kb = 0; kb < k_blocks; ++kb) {
+    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x) {
+      const Unit w = sched.unit(u);
+      for (int kb = w.kb0; kb < w.kb0 + w.kbs; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
         mbar_arrive_expect_tx(&full[stage], kStageBytes);
-        load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, tm * BM);
-        load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, tn * BN);
+        load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, w.tm * BM);
+        load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, w.tn * BN);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
     }

@@ -27,6 +27,9 @@ struct Sm90GemmArgs {
   // Store C through shared memory with TMA (Note [TMA store epilogue]) when its rows allow
   // it (n % 8 == 0, 16-byte aligned); false stores from registers (for measurements).
   bool tma_store = true;
+  // Split-K (Note [Split-K]): 0 lets the shape decide (only products with fewer tiles than
+  // SMs split), 1 never splits, s > 1 cuts K into s parts (at most one per K block).
+  int splits = 0;
 };
 
 // True when the GEMM can run these operands: an sm_90 GPU and a build with sm_90a code,
