@@ -170,7 +170,8 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 
 }  // namespace
 
-// Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned) on the products of the
+// Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned, and its first heuristic
+// choice, which ffn-train uses unless runtime.gemm_autotune is on) on the products of the
 // docs/design.md workloads and GPT-2 124M (B·T = 16384), one JSON line per product: each Linear's
 // forward x·Wᵀ ("fwd", NT), its input gradient dy·W ("dgrad", NN) and its weight gradient
 // dyᵀ·x ("wgrad", TN); then the fused fc1 (GEMM + bias + GELU + dropout in the epilogue)
@@ -210,11 +211,11 @@ void gemm_comparison(int device, int warmup, int iters) {
         std::fprintf(stderr, "ffn-bench --gemm: the Hopper GEMM does not run here (needs sm_90)\n");
         return;
       }
+      auto ours_args = [&](const cuda::Sm90GemmArgs& args) {
+        return median_ms(device, warmup, iters, [&] { cuda::sm90_gemm(p.a, p.b, p.c, args); });
+      };
       auto ours = [&](cuda::Sm90Schedule s, bool tma) {
-        return median_ms(device, warmup, iters, [&] {
-          cuda::sm90_gemm(p.a, p.b, p.c,
-                          {.trans_a = p.ta, .trans_b = p.tb, .schedule = s, .tma_store = tma});
-        });
+        return ours_args({.trans_a = p.ta, .trans_b = p.tb, .schedule = s, .tma_store = tma});
       };
       const double coop = ours(cuda::Sm90Schedule::cooperative, true);
       const double pp = ours(cuda::Sm90Schedule::pingpong, true);
@@ -222,16 +223,24 @@ void gemm_comparison(int device, int warmup, int iters) {
       const double best = ours(cuda::Sm90Schedule::automatic, true);
       const double lt = median_ms(device, warmup, iters,
                                   [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); });
+      // What ffn-train runs by default (runtime.gemm_autotune = false, for bit-exact
+      // resume): cuBLASLt's first heuristic choice.
+      const bool tuned = gemm_autotune();
+      set_gemm_autotune(false);
+      const double lt_first = median_ms(
+          device, warmup, iters, [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); });
+      set_gemm_autotune(tuned);
       const int64_t m = p.c.size(0), n = p.c.size(1), k = p.ta ? p.a.size(0) : p.a.size(1);
       const double fl = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
       std::printf("{\"gemm\": \"%s.%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
                   "\"ours_ms\": %.4f, \"cublaslt_ms\": %.4f, \"ours_tflops\": %.1f, "
                   "\"cublaslt_tflops\": %.1f, \"ours_over_cublaslt\": %.3f, "
                   "\"cooperative_ms\": %.4f, \"pingpong_ms\": %.4f, "
-                  "\"cooperative_register_store_ms\": %.4f}\n",
+                  "\"cooperative_register_store_ms\": %.4f, "
+                  "\"cublaslt_first_ms\": %.4f, \"ours_over_cublaslt_first\": %.3f}\n",
                   sh.name, p.pass, static_cast<long long>(m), static_cast<long long>(n),
                   static_cast<long long>(k), best, lt, fl / best / 1e9, fl / lt / 1e9, best / lt,
-                  coop, pp, coop_regs);
+                  coop, pp, coop_regs, lt_first, best / lt_first);
       std::fflush(stdout);
     }
   }

@@ -42,7 +42,8 @@ struct Key {
   int epi;  // cublasLtEpilogue_t
   DType dtype;
   int align;  // min alignment (bytes, up to 16) of the pointers
-  auto tie() const { return std::tie(device, batch, m, n, k, ta, tb, epi, dtype, align); }
+  bool tuned;  // planned with autotuning on (a program may switch it; benchmarks time both)
+  auto tie() const { return std::tie(device, batch, m, n, k, ta, tb, epi, dtype, align, tuned); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -202,7 +203,7 @@ Plan make_plan(const Key& key, const Call& call) {
             " bytes): ", cublasGetStatusString(st));
   p.algo = results[0].algo;
   const double volume = static_cast<double>(key.batch) * key.m * key.n * key.k;
-  if (found > 1 && volume >= 1073741824.0 && tuning_enabled()) {
+  if (found > 1 && volume >= 1073741824.0 && key.tuned) {
     set_pointers(p, call);  // epilogue outputs are rewritten by the real call
     const Tensor scratch =
         Tensor::empty({key.batch, key.m, key.n}, key.dtype, Device::cuda(key.device));
@@ -255,7 +256,8 @@ void gemm_impl(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args
                 args.trans_b,
                 static_cast<int>(epi),
                 c.dtype(),
-                alignment_of({call.a, call.b, c.data_ptr(), call.vec, call.aux})};
+                alignment_of({call.a, call.b, c.data_ptr(), call.vec, call.aux}),
+                tuning_enabled()};
   Plan plan;
   {
     std::lock_guard<std::mutex> lock(g_mu);
