@@ -20,6 +20,7 @@
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/bias_glu_dropout.h"
+#include "kernels/cross_entropy.h"
 #include "layers/ffn_functional.h"
 
 using namespace ffn;
@@ -288,6 +289,33 @@ void gemm_comparison(int device, int warmup, int iters) {
   }
 }
 
+// The GPT-2 classifier's softmax cross-entropy, forward + backward, on bf16 logits of the
+// padded vocabulary (B·T = 16384 rows of 50304, 50257 classes): ms and the bytes the two
+// passes must move (logits read twice, d_logits written once) per second.
+void xent_bench(int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  const int64_t n = 16384, v = 50304, c = 50257;
+  Generator g(5);
+  const Tensor logits = Tensor::randn({n, v}, g, DType::bf16, dev, 0.0, 2.0);
+  std::vector<double> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    ids[static_cast<size_t>(i)] = static_cast<double>((i * 7919) % c);
+  const Tensor t = Tensor::from_vector(ids, {n}, DType::i32, dev);
+  Tensor loss = Tensor::empty({}, DType::f32, dev), lse = Tensor::empty({n}, DType::f32, dev);
+  Tensor dl = Tensor::empty({n, v}, DType::bf16, dev);
+  const Tensor one = Tensor::full({}, 1.0, DType::f32, dev);
+  const double fwd =
+      median_ms(device, warmup, iters, [&] { cross_entropy(logits, t, loss, lse, false, c); });
+  const double bwd = median_ms(device, warmup, iters,
+                               [&] { cross_entropy_backward(logits, t, lse, one, dl, c); });
+  const double bytes = static_cast<double>(n * v * 2);
+  std::printf("{\"xent\": \"gpt2 %lldx%lld bf16, %lld classes\", \"forward_ms\": %.4f, "
+              "\"backward_ms\": %.4f, \"forward_gbps\": %.0f, \"backward_gbps\": %.0f}\n",
+              static_cast<long long>(n), static_cast<long long>(v), static_cast<long long>(c), fwd,
+              bwd, bytes / fwd / 1e6, 2 * bytes / bwd / 1e6);
+  std::fflush(stdout);
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
@@ -304,6 +332,8 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--epilogues", epilogues,
       "Also time cuBLASLt epilogues against our kernels where one could replace the other");
+  bool xent = false;
+  app.add_flag("--xent", xent, "Only the GPT-2 classifier's cross-entropy (forward, backward)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
   CLI11_PARSE(app, argc, argv);
@@ -315,6 +345,10 @@ int main(int argc, char** argv) {
     }
     const Device dev = Device::cuda(device);
     const auto& props = cuda::properties(device);
+    if (xent) {
+      xent_bench(device, warmup, iters);
+      return 0;
+    }
     if (gemm_table) {
       gemm_comparison(device, warmup, iters);
       return 0;

@@ -1,9 +1,12 @@
 // kernels/cuda/cross_entropy.cu — fused softmax cross-entropy (kernels/cross_entropy.h).
 //
-// Forward: one block per row finds the max and Σ exp in fp32 (block reductions in a
-// fixed order), writes lse and the row's loss; one block then sums the row losses in a
-// fixed order. Backward: one block per row writes (softmax - onehot)·d_loss/N, reading
-// d_loss from device memory. Neither pass stores probabilities.
+// Forward: one block per row reads the row once: each thread keeps a running max and the
+// sum of exp(x - max) over its elements (rescaled when the max grows, the online softmax),
+// then the block combines the threads' pairs in a fixed order and writes lse and the row's
+// loss; one block then sums the row losses in a fixed order. Backward: one block per row
+// writes (softmax - onehot)·d_loss/N, reading d_loss from device memory. Rows whose length
+// and start allow it move in 16-byte vectors (8 bf16/f16 or 4 f32 values). Neither pass
+// stores probabilities. Columns from `classes` on are padding (Note [Padded vocabulary]).
 #include <cfloat>
 
 #include "core/cuda/check.h"
@@ -34,21 +37,78 @@ __device__ A block_reduce(A v, A* smem) {
   return r;
 }
 
-template <class T, class A>
+// Online softmax state: m the max so far, s = Σ exp(x - m).
+template <class A>
+struct MaxSum {
+  A m, s;
+};
+template <class A>
+__device__ __forceinline__ void absorb(MaxSum<A>& st, A x) {
+  if (x > st.m) {
+    st.s = st.s * exp(st.m - x) + A(1);  // exp(-inf) = 0 for the first element
+    st.m = x;
+  } else if (x > -INFINITY) {  // (-inf adds nothing; exp(-inf - -inf) would be NaN)
+    st.s += exp(x - st.m);
+  } else if (x != x) {
+    st.s = x;  // NaN propagates
+  }
+}
+template <class A>
+__device__ __forceinline__ MaxSum<A> combine(MaxSum<A> a, MaxSum<A> b) {
+  const A m = max(a.m, b.m);
+  if (m == -INFINITY) return a;
+  return {m, a.s * exp(a.m - m) + b.s * exp(b.m - m)};
+}
+
+// Combines every thread's state over the block in a fixed order; every thread gets it.
+template <class A>
+__device__ MaxSum<A> block_combine(MaxSum<A> v, MaxSum<A>* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum<A> other;
+    other.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+    other.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+    v = combine(v, other);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  MaxSum<A> r = smem[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = combine(r, smem[w]);
+  return r;
+}
+
+// Values per 16-byte vector, and whether row i of a [n, v] matrix at p can be read in them.
+template <class T>
+constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+template <class T>
+__host__ __device__ bool vector_rows(const void* p, int64_t v) {
+  return v % kVec<T> == 0 && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+template <class T, class A, bool VEC>
 __global__ void __launch_bounds__(kThreads)
     xent_forward_kernel(const T* logits, const int32_t* targets, A* lse, A* row_loss, int64_t v,
                         int64_t c) {
-  __shared__ A smem[kThreads / 32];
+  __shared__ MaxSum<A> smem[kThreads / 32];
   const int64_t i = blockIdx.x;
   const T* row = logits + i * v;
-  A mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < c; j += kThreads) mx = max(mx, static_cast<A>(to_acc(row[j])));
-  mx = block_reduce<true>(mx, smem);
-  A s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += kThreads) s += exp(static_cast<A>(to_acc(row[j])) - mx);
-  s = block_reduce<false>(s, smem);
+  MaxSum<A> st{-INFINITY, A(0)};
+  if constexpr (VEC) {
+    constexpr int W = kVec<T>;
+    for (int64_t j = threadIdx.x * int64_t{W}; j < c; j += int64_t{kThreads} * W) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(row + j);
+      const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int e = 0; e < W; ++e)
+        if (j + e < c) absorb(st, static_cast<A>(to_acc(x[e])));
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < c; j += kThreads) absorb(st, static_cast<A>(to_acc(row[j])));
+  }
+  st = block_combine(st, smem);
   if (threadIdx.x == 0) {
-    const A l = mx + log(s);
+    const A l = st.m + log(st.s);
     lse[i] = l;
     row_loss[i] = l - static_cast<A>(to_acc(row[targets[i]]));
   }
@@ -63,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) mean_kernel(const A* x, int64_t n, A
   if (threadIdx.x == 0) *out = s / static_cast<A>(n);
 }
 
-template <class T, class A>
+template <class T, class A, bool VEC>
 __global__ void __launch_bounds__(kThreads)
     xent_backward_kernel(const T* logits, const int32_t* targets, const A* lse, const A* d_loss,
                          T* d_logits, int64_t n, int64_t v, int64_t c) {
@@ -72,9 +132,23 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = targets[i];
   const T* row = logits + i * v;
   T* out = d_logits + i * v;
-  for (int64_t j = threadIdx.x; j < v; j += kThreads) {
-    const A p = j < c ? exp(static_cast<A>(to_acc(row[j])) - l) : A(0);
-    out[j] = from_acc<T>((p - (j == t ? A(1) : A(0))) * scale);
+  auto grad = [&](int64_t j, A x) {
+    const A p = j < c ? exp(x - l) : A(0);
+    return from_acc<T>((p - (j == t ? A(1) : A(0))) * scale);
+  };
+  if constexpr (VEC) {
+    constexpr int W = kVec<T>;
+    for (int64_t j = threadIdx.x * int64_t{W}; j < v; j += int64_t{kThreads} * W) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(row + j);
+      const T* x = reinterpret_cast<const T*>(&raw);
+      uint4 res;
+      T* o = reinterpret_cast<T*>(&res);
+#pragma unroll
+      for (int e = 0; e < W; ++e) o[e] = grad(j + e, static_cast<A>(to_acc(x[e])));
+      *reinterpret_cast<uint4*>(out + j) = res;
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < v; j += kThreads) out[j] = grad(j, static_cast<A>(to_acc(row[j])));
   }
 }
 
@@ -91,7 +165,9 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Te
     using A = acc_t<T>;
     Tensor rows = Tensor::empty({n}, acc_dtype(logits.dtype()), logits.device());
     cudaStream_t s = stream(dev);
-    xent_forward_kernel<T, A><<<static_cast<unsigned>(n), kThreads, 0, s>>>(
+    auto kernel = vector_rows<T>(logits.data_ptr(), v) ? xent_forward_kernel<T, A, true>
+                                                        : xent_forward_kernel<T, A, false>;
+    kernel<<<static_cast<unsigned>(n), kThreads, 0, s>>>(
         static_cast<const T*>(logits.data_ptr()), static_cast<const int32_t*>(targets.data_ptr()),
         static_cast<A*>(lse.data_ptr()), static_cast<A*>(rows.data_ptr()), v, classes);
     FFN_CHECK_LAUNCH();
@@ -110,7 +186,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   FFN_DISPATCH_ALL(logits.dtype(), "cross_entropy_backward", [&]<class H>() {
     using T = device_t<H>;
     using A = acc_t<T>;
-    xent_backward_kernel<T, A><<<static_cast<unsigned>(n), kThreads, 0, stream(dev)>>>(
+    const bool vec = vector_rows<T>(logits.data_ptr(), v) && vector_rows<T>(d_logits.data_ptr(), v);
+    auto kernel = vec ? xent_backward_kernel<T, A, true> : xent_backward_kernel<T, A, false>;
+    kernel<<<static_cast<unsigned>(n), kThreads, 0, stream(dev)>>>(
         static_cast<const T*>(logits.data_ptr()), static_cast<const int32_t*>(targets.data_ptr()),
         static_cast<const A*>(lse.data_ptr()), static_cast<const A*>(d_loss.data_ptr()),
         static_cast<T*>(d_logits.data_ptr()), n, v, classes);
