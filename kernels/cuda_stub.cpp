@@ -16,6 +16,7 @@
 #include "kernels/gemm.h"
 #include "kernels/layer_norm.h"
 #include "kernels/mse_loss.h"
+#include "kernels/rope.h"
 #include "kernels/sgd.h"
 
 namespace ffn::cuda {
@@ -126,6 +127,9 @@ void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tens
   no_cuda("layer_norm_backward");
 }
 
+void rope(const Tensor&, int64_t, int64_t, double, bool, Tensor&) {
+  no_cuda("rope");
+}
 void mse_loss(const Tensor&, const Tensor&, Tensor&) {
   no_cuda("mse_loss");
 }

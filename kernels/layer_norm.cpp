@@ -30,32 +30,29 @@ void check_x_dtype(const Tensor& x, const Tensor& w, const char* op) {
 }
 }  // namespace
 
-void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
-                Tensor& mean, Tensor& rstd) {
-  detail::check_matrix(x, "layer_norm", "x");
-  FFN_CHECK(is_float(x.dtype()), "[layer_norm] x must be a float tensor");
-  FFN_CHECK(std::isfinite(eps) && eps > 0, "[layer_norm] eps must be > 0, got ", eps);
+namespace {
+// Both norms' forward checks; op names the caller. b and mean are undefined for RMSNorm.
+void check_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& y,
+                   const Tensor* mean, const Tensor& rstd, const char* op) {
+  detail::check_matrix(x, op, "x");
+  FFN_CHECK(is_float(x.dtype()), "[", op, "] x must be a float tensor");
+  FFN_CHECK(std::isfinite(eps) && eps > 0, "[", op, "] eps must be > 0, got ", eps);
   const int64_t c = x.size(1);
-  FFN_CHECK(c > 0 || x.size(0) == 0, "[layer_norm] x has rows of length 0");
-  check_defined(w, "layer_norm", "w");
-  check_x_dtype(x, w, "layer_norm");
-  detail::check_like(w, w, {c}, "layer_norm", "w");
-  check_same_device(w, x, "layer_norm", "w", "x");
-  if (b.defined()) detail::check_like(b, w, {c}, "layer_norm", "b");
-  detail::check_like(y, w, x.shape(), "layer_norm", "y");
-  check_stats(mean, x, "layer_norm", "mean");
-  check_stats(rstd, x, "layer_norm", "rstd");
-  const Tensor xc = x.contiguous();
-  if (x.is_cuda()) {
-    return cuda::layer_norm(xc, w, b, eps, y, mean, rstd);
-  }
-  cpu::layer_norm(xc, w, b, eps, y, mean, rstd);
+  FFN_CHECK(c > 0 || x.size(0) == 0, "[", op, "] x has rows of length 0");
+  check_defined(w, op, "w");
+  check_x_dtype(x, w, op);
+  detail::check_like(w, w, {c}, op, "w");
+  check_same_device(w, x, op, "w", "x");
+  if (b.defined()) detail::check_like(b, w, {c}, op, "b");
+  detail::check_like(y, w, x.shape(), op, "y");
+  if (mean) check_stats(*mean, x, op, "mean");
+  check_stats(rstd, x, op, "rstd");
 }
 
-void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
-                         bool accumulate_dx) {
-  const char* op = "layer_norm_backward";
+// Both norms' backward checks.
+void check_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor* mean,
+                    const Tensor& rstd, const Tensor* dx, const Tensor* dw, const Tensor* db,
+                    bool accumulate_dx, const char* op) {
   detail::check_matrix(x, op, "x");
   check_defined(w, op, "w");
   check_x_dtype(x, w, op);
@@ -65,18 +62,55 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
   check_shape(dy, x.shape(), op, "dy");
   check_same_dtype(dy, w, op, "dy", "w");
   check_same_device(dy, x, op, "dy", "x");
-  check_stats(mean, x, op, "mean");
+  if (mean) check_stats(*mean, x, op, "mean");
   check_stats(rstd, x, op, "rstd");
   if (dx) detail::check_like(*dx, x, x.shape(), op, "dx");
   FFN_CHECK(!accumulate_dx || (dx && dx->is_contiguous()), "[", op,
             "] accumulate_dx needs a contiguous dx to add to");
   if (dw) detail::check_like(*dw, w, {x.size(1)}, op, "dw");
   if (db) detail::check_like(*db, w, {x.size(1)}, op, "db");
+}
+}  // namespace
+
+void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
+                Tensor& mean, Tensor& rstd) {
+  check_forward(x, w, b, eps, y, &mean, rstd, "layer_norm");
+  const Tensor xc = x.contiguous();
+  if (x.is_cuda()) {
+    return cuda::layer_norm(xc, w, b, eps, y, mean, rstd);
+  }
+  cpu::layer_norm(xc, w, b, eps, y, mean, rstd);
+}
+
+void rms_norm(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  check_forward(x, w, Tensor(), eps, y, nullptr, rstd, "rms_norm");
+  const Tensor xc = x.contiguous();
+  Tensor no_mean;
+  if (x.is_cuda()) {
+    return cuda::layer_norm(xc, w, Tensor(), eps, y, no_mean, rstd);
+  }
+  cpu::layer_norm(xc, w, Tensor(), eps, y, no_mean, rstd);
+}
+
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
+                         bool accumulate_dx) {
+  check_backward(dy, x, w, &mean, rstd, dx, dw, db, accumulate_dx, "layer_norm_backward");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
     return cuda::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx);
   }
   cpu::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx);
+}
+
+void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                       Tensor* dx, Tensor* dw, bool accumulate_dx) {
+  check_backward(dy, x, w, nullptr, rstd, dx, dw, nullptr, accumulate_dx, "rms_norm_backward");
+  const Tensor xc = x.contiguous(), dyc = dy.contiguous();
+  if (x.is_cuda()) {
+    return cuda::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx);
+  }
+  cpu::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx);
 }
 
 }  // namespace ffn

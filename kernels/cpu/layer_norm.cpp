@@ -20,17 +20,19 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
     const T* wp = w.data<T>();
     const T* bp = b.defined() ? b.data<T>() : nullptr;
     T* yp = y.data<T>();
-    T* mp = mean.data<T>();
+    T* mp = mean.defined() ? mean.data<T>() : nullptr;  // none: RMSNorm (mean held at 0)
     T* rp = rstd.data<T>();
     for (int64_t i = 0; i < m; ++i) {
       const T* row = xp + i * c;
       double mu = 0, var = 0;
-      for (int64_t j = 0; j < c; ++j) mu += row[j];
-      mu /= static_cast<double>(c);
+      if (mp) {
+        for (int64_t j = 0; j < c; ++j) mu += row[j];
+        mu /= static_cast<double>(c);
+      }
       for (int64_t j = 0; j < c; ++j) var += (row[j] - mu) * (row[j] - mu);
       var /= static_cast<double>(c);
       const double r = 1.0 / std::sqrt(var + eps);
-      mp[i] = static_cast<T>(mu);
+      if (mp) mp[i] = static_cast<T>(mu);
       rp[i] = static_cast<T>(r);
       for (int64_t j = 0; j < c; ++j)
         yp[i * c + j] = static_cast<T>((row[j] - mu) * r * wp[j] + (bp ? bp[j] : T(0)));
@@ -46,20 +48,20 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
     const T* xp = x.data<T>();
     const T* g = dy.data<T>();
     const T* wp = w.data<T>();
-    const T* mp = mean.data<T>();
+    const T* mp = mean.defined() ? mean.data<T>() : nullptr;  // none: RMSNorm
     const T* rp = rstd.data<T>();
     std::vector<double> aw(c, 0.0), ab(c, 0.0), xh(c);
     for (int64_t i = 0; i < m; ++i) {
       double s1 = 0, s2 = 0;
       for (int64_t j = 0; j < c; ++j) {
-        xh[j] = (xp[i * c + j] - static_cast<double>(mp[i])) * rp[i];
+        xh[j] = (xp[i * c + j] - (mp ? static_cast<double>(mp[i]) : 0.0)) * rp[i];
         const double gj = static_cast<double>(g[i * c + j]) * wp[j];
         s1 += gj;
         s2 += gj * xh[j];
         aw[j] += g[i * c + j] * xh[j];
         ab[j] += g[i * c + j];
       }
-      s1 /= static_cast<double>(c);
+      s1 = mp ? s1 / static_cast<double>(c) : 0.0;  // RMSNorm has no mean term
       s2 /= static_cast<double>(c);
       if (dx)
         for (int64_t j = 0; j < c; ++j) {

@@ -7,7 +7,8 @@
 // 64 rows; a warp takes rows w, w+8, … of the block in order, warps are summed in order,
 // and reduce_partials sums the blocks in order (Note [Deterministic column sums]: a
 // function of M and C only). Other shapes: dx per row, then the rowwise framework's column
-// sums over dy ⊙ x̂ and dy.
+// sums over dy ⊙ x̂ and dy. RMSNorm (kernels/layer_norm.h) runs the same kernels with a null
+// mean: no centering, no mean term in dx.
 #include "kernels/cuda/rowwise.cuh"
 #include "kernels/layer_norm.h"
 
@@ -34,7 +35,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (row >= m) return;
   const X* xr = x + row * c;
   A s = 0;
-  for (int64_t j = threadIdx.x; j < c; j += 32) s += to_acc(xr[j]);
+  if (mean)  // else RMSNorm: the mean is held at 0
+    for (int64_t j = threadIdx.x; j < c; j += 32) s += to_acc(xr[j]);
   const A mu = warp_sum(s) / static_cast<A>(c);
   A v = 0;
   for (int64_t j = threadIdx.x; j < c; j += 32) {
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   const A var = warp_sum(v) / static_cast<A>(c);
   const A r = A(1) / sqrt(var + static_cast<A>(eps));
   if (threadIdx.x == 0) {
-    mean[row] = static_cast<S>(mu);
+    if (mean) mean[row] = static_cast<S>(mu);
     rstd[row] = static_cast<S>(r);
   }
   T* yr = y + row * c;
@@ -63,14 +65,14 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (row >= m) return;
   const X* xr = x + row * c;
   const T* gr = dy + row * c;
-  const A mu = static_cast<A>(mean[row]), r = static_cast<A>(rstd[row]);
+  const A mu = mean ? static_cast<A>(mean[row]) : A(0), r = static_cast<A>(rstd[row]);
   A s1 = 0, s2 = 0;
   for (int64_t j = threadIdx.x; j < c; j += 32) {
     const A g = to_acc(gr[j]) * to_acc(w[j]);
     s1 += g;
     s2 += g * (to_acc(xr[j]) - mu) * r;
   }
-  s1 = warp_sum(s1) / static_cast<A>(c);
+  s1 = mean ? warp_sum(s1) / static_cast<A>(c) : A(0);  // RMSNorm has no mean term
   s2 = warp_sum(s2) / static_cast<A>(c);
   X* out = dx + row * c;
   for (int64_t j = threadIdx.x; j < c; j += 32) {
@@ -107,7 +109,8 @@ __global__ void __launch_bounds__(32 * kWarps)
         load_vec<8>(x + row * c + 8 * (lane + 32 * k), xv[k]);
         load_vec<8>(dy + row * c + 8 * (lane + 32 * k), gv[k]);
       }
-    const float mu = static_cast<float>(mean[row]), r = static_cast<float>(rstd[row]);
+    const float mu = mean ? static_cast<float>(mean[row]) : 0.0f;
+    const float r = static_cast<float>(rstd[row]);
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(32 * kWarps)
           s1 += g;
           s2 += g * xv[k][j];
         }
-    s1 = warp_sum(s1) / static_cast<float>(c);
+    s1 = mean ? warp_sum(s1) / static_cast<float>(c) : 0.0f;  // RMSNorm: no mean term
     s2 = warp_sum(s2) / static_cast<float>(c);
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -180,7 +183,8 @@ struct LnParamGrads {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!ok[u]) continue;
-      const A mu = static_cast<A>(mean[rows[u]]), r = static_cast<A>(rstd[rows[u]]);
+      const A mu = mean ? static_cast<A>(mean[rows[u]]) : A(0);
+      const A r = static_cast<A>(rstd[rows[u]]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         acc[0][j] += g[u][j] * ((xv[u][j] - mu) * r);
@@ -190,9 +194,10 @@ struct LnParamGrads {
   }
 };
 
+// Null for an undefined tensor (RMSNorm's mean).
 template <class S>
 S* stat_ptr(const Tensor& t) {
-  return static_cast<S*>(t.data_ptr());
+  return t.defined() ? static_cast<S*>(t.data_ptr()) : nullptr;
 }
 
 

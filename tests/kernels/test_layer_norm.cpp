@@ -172,3 +172,82 @@ FFN_GPU_TEST("mixed-precision LayerNorm (fp32 x, bf16 w/y) and residual add on t
   CHECK(h.grad().dtype() == DType::bf16);
   CHECK(h.grad().to_vector() == std::vector<double>{2, 2, 2, 2});
 }
+
+TEST_CASE("rms_norm matches its formula and passes FD checks (x, w); bad inputs are named") {
+  Generator g(24);
+  for (const Shape& s : {Shape{1, 1}, Shape{7, 13}, Shape{129, 257}, Shape{3, 5, 7}}) {
+    const int64_t c = s.back();
+    gradcheck([&](const std::vector<Var>& in) { return fn::rms_norm(in[0], in[1], 1e-6); },
+              {rand64(s, g, 2.0), rand64({c}, g)}, {"x", "w"});
+  }
+  const Tensor x = rand64({4, 6}, g, 3.0), w = rand64({6}, g);
+  Tensor y = Tensor::empty({4, 6}, DType::f64), rstd = Tensor::empty({4}, DType::f64);
+  rms_norm(x, w, 1e-6, y, rstd);
+  const auto xv = x.to_vector(), wv = w.to_vector(), yv = y.to_vector();
+  double ms = 0;
+  for (int j = 0; j < 6; ++j) ms += xv[j] * xv[j] / 6;
+  const double r = 1 / std::sqrt(ms + 1e-6);
+  CHECK(rstd.to_vector()[0] == doctest::Approx(r).epsilon(1e-12));
+  for (int j = 0; j < 6; ++j) CHECK(yv[j] == doctest::Approx(xv[j] * r * wv[j]).epsilon(1e-12));
+  // dx added into a sum, as for LayerNorm.
+  const Tensor dy = rand64({4, 6}, g), prev = rand64({4, 6}, g);
+  Tensor dx = Tensor::empty({4, 6}, DType::f64), sum = prev.clone();
+  rms_norm_backward(dy, x, w, rstd, &dx, nullptr);
+  rms_norm_backward(dy, x, w, rstd, &sum, nullptr, /*accumulate_dx=*/true);
+  const auto sv = sum.to_vector(), pv = prev.to_vector(), dv = dx.to_vector();
+  for (size_t i = 0; i < sv.size(); ++i)
+    CHECK(sv[i] == doctest::Approx(pv[i] + dv[i]).epsilon(1e-14));
+  CHECK_THROWS_WITH_AS(rms_norm(x, w, 0.0, y, rstd),
+                       doctest::Contains("[rms_norm] eps must be > 0, got 0"), Error);
+  CHECK_THROWS_WITH_AS(rms_norm(x, rand64({5}, g), 1e-6, y, rstd),
+                       doctest::Contains("[rms_norm] w.shape=[5] but expected [6]"), Error);
+  Tensor bad = Tensor::empty({3}, DType::f64);
+  CHECK_THROWS_WITH_AS(rms_norm_backward(dy, x, w, bad, &dx, nullptr),
+                       doctest::Contains("[rms_norm_backward] rstd"), Error);
+}
+
+// The same shapes as LayerNorm's: the one-pass backward kernel (C % 8 == 0 up to 1024, 16-bit
+// w) and the per-row kernel + column sums; fp32 x with bf16 w (the residual stream) too.
+FFN_GPU_TEST("rms_norm on the GPU matches the CPU (forward, dx, dw, mixed precision)") {
+  Generator g(34);
+  for (auto [m, c] : {std::pair<int64_t, int64_t>{1, 1},
+                      {37, 3},
+                      {33, 1600},
+                      {9, 4097},
+                      {64, 384},
+                      {0, 8},
+                      {200, 1000},
+                      {130, 768}})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (bool mixed : {false, true}) {
+        if (mixed && dt == DType::f32) continue;
+        const DType xt = mixed ? DType::f32 : dt;  // x's dtype on the GPU
+        const Tensor x = rand64({m, c}, g, 3.0).to(xt).to(DType::f64);
+        const Tensor w = rand64({c}, g).to(dt).to(DType::f64);
+        const Tensor dy = rand64({m, c}, g).to(dt).to(DType::f64);
+        auto run = [&](DType t, DType tx, Device d) {
+          const DType sd = acc_dtype(t);
+          Tensor y = Tensor::empty({m, c}, t, d), rs = Tensor::empty({m}, sd, d);
+          rms_norm(x.to(tx).to(d), w.to(t).to(d), 1e-6, y, rs);
+          Tensor dx = Tensor::empty({m, c}, tx, d), dw = Tensor::empty({c}, t, d);
+          rms_norm_backward(dy.to(t).to(d), x.to(tx).to(d), w.to(t).to(d), rs, &dx, &dw);
+          return std::vector<Tensor>{y, dx, dw};
+        };
+        const auto gpu = run(dt, xt, kGpu), r64 = run(DType::f64, DType::f64, Device::cpu()),
+                   r32 = run(DType::f32, DType::f32, Device::cpu());
+        const char* names[] = {"y", "dx", "dw"};
+        const DType out_dt[] = {dt, xt, dt};
+        const double dx_terms = m ? max_abs(dy) * max_abs(w) / std::sqrt(1e-6) : 0.0;
+        for (int i = 0; i < 3; ++i) {
+          std::string what("rms_norm ");
+          what.append(names[i]).append(" ").append(std::to_string(m)).append("x").append(
+              std::to_string(c));
+          if (mixed) what.append(" (fp32 x)");
+          check_against_reference(
+              gpu[i], r64[i], r32[i], out_dt[i], what,
+              {.reduce_len = i == 2 ? static_cast<double>(m) : static_cast<double>(c),
+               .term_bound = 4 * std::max(max_abs(r64[i]), i == 1 && c == 1 ? dx_terms : 0.0),
+               .scale = i == 1 && c == 1 ? dx_terms : 0.0});
+        }
+      }
+}
