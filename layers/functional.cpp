@@ -3,6 +3,7 @@
 
 #include "kernels/bias_act_dropout.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/rope.h"
 #include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
@@ -164,10 +165,12 @@ class EmbeddingNode final : public Node {
   Tensor ids_;  // flattened
 };
 
+// LayerNorm, or RMSNorm when there is no mean (inputs x, w and an undefined b).
 class LayerNormNode final : public Node {
  public:
-  LayerNormNode(Tensor mean, Tensor rstd) : mean_(std::move(mean)), rstd_(std::move(rstd)) {}
-  const char* name() const override { return "layer_norm"; }
+  LayerNormNode(Tensor mean, Tensor rstd)
+      : rms_(!mean.defined()), mean_(std::move(mean)), rstd_(std::move(rstd)) {}
+  const char* name() const override { return rms_ ? "rms_norm" : "layer_norm"; }
   std::vector<Tensor> backward(Tensor d_out) override {
     const Tensor& x = inputs[0].value();
     const Tensor& w = inputs[1].value();
@@ -186,8 +189,12 @@ class LayerNormNode final : public Node {
     if (inputs[1].requires_grad()) dw = Tensor::empty(w.shape(), w.dtype(), w.device());
     if (inputs[2].defined() && inputs[2].requires_grad())
       db = Tensor::empty(w.shape(), w.dtype(), w.device());
-    layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
-                        dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum);
+    if (rms_)
+      rms_norm_backward(d_out.view_2d(), x2, w, rstd_, dx.defined() ? &dx : nullptr,
+                        dw.defined() ? &dw : nullptr, into_sum);
+    else
+      layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
+                          dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum);
     if (dx.defined() && !into_sum) g[0] = dx.reshape(x.shape());
     g[1] = dw;
     g[2] = db;
@@ -195,11 +202,54 @@ class LayerNormNode final : public Node {
   }
   void release() override { mean_ = rstd_ = Tensor(); }
   size_t saved_bytes() const override {
-    return mean_.defined() ? mean_.nbytes() + rstd_.nbytes() : 0;
+    return (mean_.defined() ? mean_.nbytes() : 0) + (rstd_.defined() ? rstd_.nbytes() : 0);
   }
 
  private:
+  bool rms_;
   Tensor mean_, rstd_;
+};
+
+class RopeNode final : public Node {
+ public:
+  RopeNode(int64_t heads, int64_t kv_heads, double base)
+      : heads_(heads), kv_heads_(kv_heads), base_(base) {}
+  const char* name() const override { return "rope"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    Tensor d = Tensor::empty(d_out.shape(), d_out.dtype(), d_out.device());
+    ffn::rope(d_out, heads_, kv_heads_, base_, /*inverse=*/true, d);
+    return {d};
+  }
+  void release() override {}
+
+ private:
+  int64_t heads_, kv_heads_;
+  double base_;
+};
+
+// inputs: the distinct Vars of the pieces; parts_ index them.
+class ConcatRowsNode final : public Node {
+ public:
+  struct Part {
+    size_t input;
+    int64_t begin, count, offset;
+  };
+  explicit ConcatRowsNode(std::vector<Part> parts) : parts_(std::move(parts)) {}
+  const char* name() const override { return "concat_rows"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    std::vector<Tensor> g(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].requires_grad())
+        g[i] = Tensor::zeros(inputs[i].value().shape(), d_out.dtype(), d_out.device());
+    for (const Part& p : parts_)
+      if (g[p.input].defined())
+        g[p.input].narrow(0, p.begin, p.count).add_(d_out.narrow(0, p.offset, p.count));
+    return g;
+  }
+  void release() override {}
+
+ private:
+  std::vector<Part> parts_;
 };
 
 class LeadingColumnsNode final : public Node {
@@ -328,6 +378,53 @@ Var layer_norm(const Var& x, const Var& w, const Var& b, double eps) {
   ffn::layer_norm(x2, w.value(), value_or_empty(b), eps, y, mean, rstd);
   return make_output(y.reshape(xv.shape()),
                      std::make_shared<LayerNormNode>(std::move(mean), std::move(rstd)), {x, w, b});
+}
+
+Var rms_norm(const Var& x, const Var& w, double eps) {
+  const Tensor& xv = x.value();
+  FFN_CHECK(xv.dim() >= 1, "[rms_norm] x must have at least one dimension");
+  const Tensor x2 = xv.view_2d();
+  Tensor y = Tensor::empty(x2.shape(), w.value().dtype(), xv.device());  // w's dtype (mixed)
+  Tensor rstd = Tensor::empty({x2.size(0)}, acc_dtype(xv.dtype()), xv.device());
+  ffn::rms_norm(x2, w.value(), eps, y, rstd);
+  return make_output(y.reshape(xv.shape()),
+                     std::make_shared<LayerNormNode>(Tensor(), std::move(rstd)), {x, w, Var()});
+}
+
+Var rope(const Var& qkv, int64_t heads, int64_t kv_heads, double base) {
+  const Tensor& v = qkv.value();
+  Tensor y = Tensor::empty(v.shape(), v.dtype(), v.device());
+  ffn::rope(v, heads, kv_heads, base, /*inverse=*/false, y);
+  return make_output(y, std::make_shared<RopeNode>(heads, kv_heads, base), {qkv});
+}
+
+Var concat_rows(const std::vector<RowRange>& parts) {
+  FFN_CHECK(!parts.empty(), "[concat_rows] no pieces");
+  const Tensor& first = parts[0].v.value();
+  check_dim(first, 2, "concat_rows", "piece 0");
+  std::vector<Var> inputs;
+  std::vector<ConcatRowsNode::Part> placed;
+  int64_t rows = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const Tensor& t = parts[k].v.value();
+    FFN_CHECK(t.dim() == 2 && t.size(1) == first.size(1) && t.dtype() == first.dtype() &&
+                  t.device() == first.device(),
+              "[concat_rows] piece ", k, " is ", t.desc(), ", piece 0 ", first.desc());
+    FFN_CHECK(parts[k].begin >= 0 && parts[k].count >= 0 &&
+                  parts[k].begin + parts[k].count <= t.size(0),
+              "[concat_rows] piece ", k, " asks for rows [", parts[k].begin, ", ",
+              parts[k].begin + parts[k].count, ") of ", shape_str(t.shape()));
+    size_t in = 0;
+    while (in < inputs.size() && inputs[in].impl() != parts[k].v.impl()) ++in;
+    if (in == inputs.size()) inputs.push_back(parts[k].v);
+    placed.push_back({in, parts[k].begin, parts[k].count, rows});
+    rows += parts[k].count;
+  }
+  Tensor out = Tensor::empty({rows, first.size(1)}, first.dtype(), first.device());
+  for (size_t k = 0; k < parts.size(); ++k)
+    out.narrow(0, placed[k].offset, placed[k].count)
+        .copy_(parts[k].v.value().narrow(0, parts[k].begin, parts[k].count));
+  return make_output(out, std::make_shared<ConcatRowsNode>(std::move(placed)), std::move(inputs));
 }
 
 Var leading_columns(const Var& x, int64_t n) {

@@ -36,12 +36,28 @@ Var embedding(const Tensor& ids, const Var& table, bool check_ids = true);
 // LayerNorm over the last dimension (kernels/layer_norm.h); b may be an undefined Var. The
 // output has w's dtype (x may be the fp32 residual stream of a 16-bit model on the GPU).
 Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);
+// RMSNorm over the last dimension (kernels/layer_norm.h): x·rstd·w, rstd = 1/√(mean(x²) + eps).
+// Mixed precision as layer_norm.
+Var rms_norm(const Var& x, const Var& w, double eps = 1e-6);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.
 // check_targets, classes: see kernels/cross_entropy.h (classes > 0: only the first
 // `classes` columns are classes, the rest padding; Note [Padded vocabulary]).
 Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets = true,
                   int64_t classes = 0);
+// Rotary position embeddings on the q and k heads of qkv [B, T, (heads + 2·kv_heads)·D]
+// (kernels/rope.h); the gradient rotates back.
+Var rope(const Var& qkv, int64_t heads, int64_t kv_heads, double base);
+// Rows [begin, begin + count) of a 2-D Var, one piece of concat_rows.
+struct RowRange {
+  Var v;
+  int64_t begin = 0, count = 0;
+};
+// The pieces' rows stacked in order into one new [Σ count, cols] tensor (same dtype and
+// device). A Var may appear in several pieces (its gradient is the sum): the Llama
+// attention builds its QKV weight from q_proj, k_proj, v_proj this way, repeating each key
+// and value head for the query heads that share it (grouped-query attention).
+Var concat_rows(const std::vector<RowRange>& parts);
 // x[..., :n] as a new contiguous tensor; the gradient is d_out zero-padded back to x's width.
 Var leading_columns(const Var& x, int64_t n);
 // Causal multi-head self-attention core: qkv [B, T, 3C] (q | k | v, heads of C/heads

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/checks.h"
+#include "layers/llama.h"
 
 namespace ffn {
 
@@ -49,6 +50,24 @@ void LayerNorm::check_input(const Tensor& x) const {
 
 Var LayerNorm::forward_impl(const Var& x) {
   return fn::layer_norm(x, w_, b_, eps_);
+}
+
+RMSNorm::RMSNorm(int64_t dim, const ParamInit& place, double eps) : dim_(dim), eps_(eps) {
+  FFN_CHECK(dim > 0, "[rms_norm] dim must be > 0, got ", dim);
+  w_ = register_parameter("weight", Tensor::full({dim}, 1.0, place.dtype, place.device));
+}
+
+void RMSNorm::check_input(const Tensor& x) const {
+  FFN_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "[rms_norm] x.shape[-1]=",
+            x.dim() ? x.size(-1) : 0, " != dim=", dim_, " (x.shape=", shape_str(x.shape()), ")");
+  const DType wd = w_.value().dtype();
+  if (!(is_half(wd) && x.dtype() == acc_dtype(wd)))  // the fp32 stream of a 16-bit model
+    check_same_dtype(x, w_.value(), "rms_norm", "x", "weight");
+  check_same_device(x, w_.value(), "rms_norm", "x", "weight");
+}
+
+Var RMSNorm::forward_impl(const Var& x) {
+  return fn::rms_norm(x, w_, eps_);
 }
 
 namespace {
@@ -142,29 +161,62 @@ Var TransformerBlock::forward_impl(const Var& x) {
 }
 
 GPT::GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
-    : cfg_(cfg),
-      rng_(rng),
-      wte_(cfg.vocab_size, cfg.d_model, cfg.init_std, cfg.place, init, cfg.padded_vocab()),
-      wpe_(cfg.context, cfg.d_model, cfg.init_std, cfg.place, init),
-      drop_(cfg.dropout, rng),
-      ln_f_(cfg.d_model, cfg.bias, cfg.place) {
+    : cfg_(cfg), rng_(rng), drop_(cfg.dropout, rng) {
   FFN_CHECK(cfg.layers > 0, "[model] layers must be > 0, got ", cfg.layers);
   FFN_CHECK(cfg.vocab_pad_to >= 1, "[model] vocab_pad_to must be >= 1, got ", cfg.vocab_pad_to);
-  register_module("wte", wte_);
-  register_module("wpe", wpe_);
+  const bool llama = cfg.arch == Arch::llama;
+  FFN_CHECK(!llama || !cfg.bias, "[model] the llama arch has no biases (model.bias = false)");
+  FFN_CHECK(llama || cfg.kv_heads == 0 || cfg.kv_heads == cfg.heads,
+            "[model] kv_heads (grouped-query attention) needs the llama arch");
+  // Weights are drawn in registration order, so a gpt model's initial values do not depend on
+  // the options added later.
+  wte_ = std::make_unique<Embedding>(cfg.vocab_size, cfg.d_model, cfg.init_std, cfg.place, init,
+                                     cfg.padded_vocab());
+  if (llama) {
+    model_.add("embed_tokens", *wte_);
+  } else {
+    wpe_ = std::make_unique<Embedding>(cfg.context, cfg.d_model, cfg.init_std, cfg.place, init);
+    register_module("wte", *wte_);
+    register_module("wpe", *wpe_);
+  }
   register_module("drop", drop_);
   for (int64_t i = 0; i < cfg.layers; ++i) {
-    h_.push_back(std::make_unique<TransformerBlock>(cfg, rng, init));
-    register_module("h." + std::to_string(i), *h_.back());
+    if (llama) {
+      h_.push_back(std::make_unique<LlamaBlock>(cfg, rng, init));
+      model_.add("layers." + std::to_string(i), *h_.back());
+    } else {
+      h_.push_back(std::make_unique<TransformerBlock>(cfg, rng, init));
+      register_module("h." + std::to_string(i), *h_.back());
+    }
   }
-  register_module("ln_f", ln_f_);
-  // GPT-2: the projections into the residual stream start smaller (1/√(2·layers)).
-  for (auto& [name, v] : named_parameters()) {
-    const bool proj = name.ends_with("attn.c_proj.weight") || name.ends_with("mlp.fc2.weight");
-    if (proj)
-      v.mutable_value() = Tensor::randn(v.shape(), init, cfg.place.dtype, cfg.place.device, 0.0,
-                                        proj_std(cfg));
+  if (llama) {
+    ln_f_ = std::make_unique<RMSNorm>(cfg.d_model, cfg.place, cfg.norm_eps);
+    model_.add("norm", *ln_f_);
+    register_module("model", model_);
+  } else {
+    ln_f_ = std::make_unique<LayerNorm>(cfg.d_model, cfg.bias, cfg.place);
+    register_module("ln_f", *ln_f_);
   }
+  if (!cfg.tie_embeddings) {  // drawn like the embedding, padding rows zero
+    Tensor w = Tensor::randn({cfg.vocab_size, cfg.d_model}, init, cfg.place.dtype, cfg.place.device,
+                             0.0, cfg.init_std);
+    if (cfg.padded_vocab() > cfg.vocab_size) {
+      Tensor padded = Tensor::zeros({cfg.padded_vocab(), cfg.d_model}, cfg.place.dtype,
+                                    cfg.place.device);
+      padded.narrow(0, 0, cfg.vocab_size).copy_(w);
+      w = padded;
+    }
+    lm_head_ = register_parameter("lm_head.weight", w);
+  }
+  // GPT-2: the projections into the residual stream start smaller (1/√(2·layers)); the
+  // llama blocks draw o_proj and down_proj that way themselves.
+  if (!llama)
+    for (auto& [name, v] : named_parameters()) {
+      const bool proj = name.ends_with("attn.c_proj.weight") || name.ends_with("mlp.fc2.weight");
+      if (proj)
+        v.mutable_value() = Tensor::randn(v.shape(), init, cfg.place.dtype, cfg.place.device, 0.0,
+                                          proj_std(cfg));
+    }
 }
 
 Tensor GPT::positions(int64_t b, int64_t t) {
@@ -184,15 +236,16 @@ Var GPT::hidden(const Tensor& ids, bool ids_in_range) {
   // (embeddings, residual adds, LayerNorm inputs) is kept in fp32, as PyTorch's autocast
   // does; only the branches (attention, FFN, the LM head) run in 16 bits.
   const DType stream = cfg_.fp32_residual ? acc_dtype(cfg_.place.dtype) : cfg_.place.dtype;
-  Var x = fn::add(fn::cast(wte_.forward(ids, !ids_in_range), stream),
-                  wpe_.forward(positions(ids.size(0), ids.size(1)), /*check_ids=*/false));
+  Var x = fn::cast(wte_->forward(ids, !ids_in_range), stream);
+  if (wpe_)
+    x = fn::add(x, wpe_->forward(positions(ids.size(0), ids.size(1)), /*check_ids=*/false));
   x = drop_.forward(x);
   for (auto& block : h_) x = block->forward(x);
-  return ln_f_.forward(x);
+  return ln_f_->forward(x);
 }
 
 Var GPT::forward(const Tensor& ids, bool ids_in_range) {
-  return fn::leading_columns(fn::linear(hidden(ids, ids_in_range), wte_.weight(), Var()),
+  return fn::leading_columns(fn::linear(hidden(ids, ids_in_range), head_weight(), Var()),
                              cfg_.vocab_size);
 }
 
@@ -200,26 +253,33 @@ Var GPT::loss(const Tensor& ids, const Tensor& targets, bool ids_in_range) {
   FFN_CHECK(targets.shape() == ids.shape(), "[gpt] targets.shape=", shape_str(targets.shape()),
             " != ids.shape=", shape_str(ids.shape()));
   // The padded logits go to the loss as they are; it leaves the padding columns out.
-  const Var logits = fn::linear(hidden(ids, ids_in_range), wte_.weight(), Var());
+  const Var logits = fn::linear(hidden(ids, ids_in_range), head_weight(), Var());
   return fn::cross_entropy(logits, targets, !ids_in_range, cfg_.vocab_size);
 }
 
 int64_t GPT::stored_parameters() const {
-  return num_parameters() - (cfg_.padded_vocab() - cfg_.vocab_size) * cfg_.d_model;
+  const int64_t tables = cfg_.tie_embeddings ? 1 : 2;
+  return num_parameters() - tables * (cfg_.padded_vocab() - cfg_.vocab_size) * cfg_.d_model;
 }
 
 double GPT::flops_per_token(int64_t t) const {
-  const double n = static_cast<double>(stored_parameters() - wpe_.weight().value().numel());
+  const int64_t positions = wpe_ ? wpe_->weight().value().numel() : 0;
+  const double n = static_cast<double>(stored_parameters() - positions);
   return 6.0 * n + 12.0 * static_cast<double>(cfg_.layers * t * cfg_.d_model);
 }
 
 GPT::NamedTensors GPT::stored_view(NamedTensors ts) const {
   const int64_t vp = cfg_.padded_vocab();
   if (vp == cfg_.vocab_size) return ts;
+  auto padded = [](const std::string& name) {
+    for (const char* p : {"wte.weight", "model.embed_tokens.weight", "lm_head.weight"}) {
+      const std::string base(p);
+      if (name == base || name.starts_with(base + ".")) return true;
+    }
+    return false;
+  };
   for (auto& [name, t] : ts)
-    if ((name == "wte.weight" || name.starts_with("wte.weight.")) && t.dim() == 2 &&
-        t.size(0) == vp)
-      t = t.narrow(0, 0, cfg_.vocab_size);
+    if (padded(name) && t.dim() == 2 && t.size(0) == vp) t = t.narrow(0, 0, cfg_.vocab_size);
   return ts;
 }
 

@@ -42,6 +42,21 @@ class LayerNorm : public Layer {
   Var w_, b_;
 };
 
+// x·w/√(mean(x²) + eps) over the last dimension (fn::rms_norm), w starting at 1.
+class RMSNorm : public Layer {
+ public:
+  RMSNorm(int64_t dim, const ParamInit& place, double eps = 1e-6);
+
+ protected:
+  void check_input(const Tensor& x) const override;
+  Var forward_impl(const Var& x) override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+  Var w_;
+};
+
 struct AttentionOptions {
   int64_t d_model = 0;
   int64_t heads = 0;
@@ -85,7 +100,13 @@ class CausalSelfAttention : public Layer {
 //     run resumes with any vocab_pad_to.
 // The first vocab_size rows are drawn exactly as for an unpadded table: padding changes
 // no initial weight and no loss beyond GEMM rounding.
+// model.arch: "gpt" (LayerNorm, learned positions, wte/h.N/ln_f names: nanoGPT's) or
+// "llama" (RMSNorm, rotary embeddings, gated MLP, no biases, HF Llama's names; layers/llama.h).
+enum class Arch : uint8_t { gpt, llama };
+inline constexpr NameOf<Arch> kArchNames[] = {{Arch::gpt, "gpt"}, {Arch::llama, "llama"}};
+
 struct GptConfig {
+  Arch arch = Arch::gpt;
   int64_t vocab_size = 0;
   int64_t vocab_pad_to = 1;  // Note [Padded vocabulary]; 1: no padding
   int64_t padded_vocab() const {
@@ -101,6 +122,12 @@ struct GptConfig {
   float dropout = 0.0f;   // embedding, attention, residual dropout (nanoGPT's)
   bool bias = true;
   double init_std = 0.02;
+  // llama: key/value heads (0: heads; fewer is grouped-query attention), the rotary base,
+  // RMSNorm's eps.
+  int64_t kv_heads = 0;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = true;  // false: a separate lm_head [vocab, d]
   // 16-bit parameters: keep the residual stream in fp32 (Note [Mixed-precision residual
   // stream]); false keeps it in the parameters' dtype (fewer bytes moved, ~6% faster on
   // shakespeare_char, bench/RESULTS-2026-11-22.md).
@@ -130,12 +157,23 @@ class TransformerBlock : public Layer {
   std::unique_ptr<FeedForward> mlp_;
 };
 
+// A module that only names its children (the llama arch's "model." prefix).
+class ModuleGroup : public Module {
+ public:
+  void add(const std::string& name, Module& child) { register_module(name, child); }
+};
+
+// The whole model: arch gpt (nanoGPT's names: wte, wpe, h.N, ln_f) or llama (HF's:
+// model.embed_tokens, model.layers.N, model.norm), the head tied to the token embedding or
+// its own lm_head.
 class GPT : public Module {
  public:
   // `rng` draws the dropout masks; `init` the initial weights (GPT-2's scheme).
   GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);
   const GptConfig& config() const { return cfg_; }
-  const Var& token_embedding() const { return wte_.weight(); }
+  const Var& token_embedding() const { return wte_->weight(); }
+  // The LM head's weight [padded vocab, d]: the token embedding when tied.
+  const Var& head_weight() const { return cfg_.tie_embeddings ? wte_->weight() : lm_head_; }
   // ids: i32 [B, T] with T ≤ context → final hidden states [B, T, C] (after ln_f).
   Var hidden(const Tensor& ids, bool ids_in_range = false);
   // logits [B, T, vocab_size] through the tied embedding (never the padding).
@@ -149,9 +187,10 @@ class GPT : public Module {
   double flops_per_token(int64_t t) const;
   // Parameters as a checkpoint stores them: without the vocabulary padding.
   int64_t stored_parameters() const;
-  // The tensors of `ts` as files store them (Note [Padded vocabulary]): every tensor named
-  // "wte.weight" or "wte.weight.<suffix>" (optimizer state) with padded_vocab() rows becomes
-  // a view of its first vocab_size rows; the others pass through. Saving writes the views,
+  // The tensors of `ts` as files store them (Note [Padded vocabulary]): every tensor of a
+  // vocabulary-sized parameter (wte.weight, model.embed_tokens.weight, lm_head.weight, and
+  // "<that>.<suffix>" optimizer state) with padded_vocab() rows becomes a view of its first
+  // vocab_size rows; the others pass through. Saving writes the views,
   // loading copies into them and leaves the padding at zero.
   using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
   NamedTensors stored_view(NamedTensors ts) const;
@@ -160,10 +199,12 @@ class GPT : public Module {
   Tensor positions(int64_t b, int64_t t);
   GptConfig cfg_;
   std::shared_ptr<Generator> rng_;
-  Embedding wte_, wpe_;
+  ModuleGroup model_;                     // llama: "model"
+  std::unique_ptr<Embedding> wte_, wpe_;  // no wpe for llama (rotary embeddings)
   Dropout drop_;
-  std::vector<std::unique_ptr<TransformerBlock>> h_;
-  LayerNorm ln_f_;
+  std::vector<std::unique_ptr<Layer>> h_;
+  std::unique_ptr<Layer> ln_f_;
+  Var lm_head_;  // untied head
   Tensor pos_cache_;
 };
 

@@ -463,6 +463,110 @@ TEST_CASE("GPT with a padded vocabulary passes finite-difference checks") {
   gradcheck_vars([&]() { return model.loss(x, y); }, model.parameters());
 }
 
+namespace {
+GptConfig tiny_llama(int64_t kv_heads, DType dt = DType::f64, Device dev = Device::cpu()) {
+  GptConfig c = tiny_gpt(FfnKind::swiglu, 0.1f, dt, dev);
+  c.arch = Arch::llama;
+  c.heads = 4;
+  c.d_model = 8;  // head size 2
+  c.kv_heads = kv_heads;
+  c.bias = false;
+  c.tie_embeddings = false;
+  c.vocab_pad_to = 4;  // 11 → 12 rows of embed_tokens and lm_head
+  c.rope_theta = 50.0;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("Llama arch (RMSNorm, RoPE, GQA, SwiGLU, untied padded head): FD checks, HF names") {
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
+  for (int64_t kv : {4, 2, 1}) {
+    CAPTURE(kv);
+    Generator init(3);
+    auto rng = std::make_shared<Generator>(9);
+    GPT model(tiny_llama(kv), rng, init);
+    const uint64_t off = rng->offset();
+    gradcheck_vars(
+        [&]() {
+          rng->set_offset(off);
+          return model.loss(x, y);
+        },
+        model.parameters());
+  }
+  Generator init(4);
+  GPT model(tiny_llama(2), std::make_shared<Generator>(1), init);
+  std::vector<std::string> names;
+  for (auto& [n, v] : model.named_parameters()) names.push_back(n);
+  const std::vector<std::string> first{"model.embed_tokens.weight",
+                                       "model.layers.0.input_layernorm.weight",
+                                       "model.layers.0.self_attn.q_proj.weight",
+                                       "model.layers.0.self_attn.k_proj.weight",
+                                       "model.layers.0.self_attn.v_proj.weight",
+                                       "model.layers.0.self_attn.o_proj.weight",
+                                       "model.layers.0.post_attention_layernorm.weight",
+                                       "model.layers.0.mlp.gate_proj.weight",
+                                       "model.layers.0.mlp.up_proj.weight",
+                                       "model.layers.0.mlp.down_proj.weight"};
+  // (A module's own parameters come before its children's: lm_head first.)
+  REQUIRE(names.size() == 1 + 1 + 2 * 9 + 1);
+  CHECK(names.front() == "lm_head.weight");
+  CHECK(std::vector<std::string>(names.begin() + 1, names.begin() + 11) == first);
+  CHECK(names.back() == "model.norm.weight");
+  const auto params = model.named_parameters();
+  CHECK(params[4].second.value().shape() == Shape{4, 8});  // k_proj: 2 kv heads of 2
+  CHECK(model.head_weight().value().shape() == Shape{12, 8});
+  CHECK(model.stored_view({{"lm_head.weight", model.head_weight().value()}})[0].second.shape() ==
+        Shape{11, 8});
+  model.eval();
+  CHECK(model.forward(x).value().shape() == Shape{2, 5, 11});
+  GptConfig bad = tiny_llama(3);
+  CHECK_THROWS_WITH_AS(GPT(bad, std::make_shared<Generator>(1), init),
+                       doctest::Contains("kv_heads=3 must divide heads=4"), Error);
+}
+
+TEST_CASE("Llama GQA equals multi-head attention with each key/value head repeated per group") {
+  // HF's repeat_kv: key/value head j serves query heads j·G … j·G + G - 1.
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
+  Generator i1(6), i2(6);
+  GPT gqa(tiny_llama(2), std::make_shared<Generator>(1), i1);
+  GPT mha(tiny_llama(4), std::make_shared<Generator>(1), i2);
+  gqa.eval();
+  mha.eval();
+  auto gp = gqa.named_parameters(), mp = mha.named_parameters();
+  REQUIRE(gp.size() == mp.size());
+  for (size_t i = 0; i < gp.size(); ++i) {
+    const Tensor& src = gp[i].second.value();
+    Tensor dst = mp[i].second.mutable_value();
+    if (src.shape() == dst.shape()) {
+      dst.copy_(src);
+      continue;
+    }
+    // k_proj / v_proj: [2 heads · 2, 8] → [4 heads · 2, 8], head h from kv head h / 2.
+    for (int64_t h = 0; h < 4; ++h) dst.narrow(0, 2 * h, 2).copy_(src.narrow(0, 2 * (h / 2), 2));
+  }
+  CHECK(gqa.loss(x, y).value().item() ==
+        doctest::Approx(mha.loss(x, y).value().item()).epsilon(1e-14));
+}
+
+FFN_GPU_TEST("Llama arch on the GPU (f32) matches the CPU: loss and every gradient") {
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
+  Generator i1(3), i2(3);
+  GPT cpu(tiny_llama(2, DType::f32), std::make_shared<Generator>(9), i1);
+  GPT gpu(tiny_llama(2, DType::f32, Device::cuda(0)), std::make_shared<Generator>(9), i2);
+  auto cp = cpu.parameters(), gp = gpu.parameters();
+  for (size_t i = 0; i < cp.size(); ++i) gp[i].mutable_value().copy_(cp[i].value());
+  Var lc = cpu.loss(x, y), lg = gpu.loss(x.to(Device::cuda(0)), y.to(Device::cuda(0)));
+  lc.backward();
+  lg.backward();
+  CHECK(lg.value().item() == doctest::Approx(lc.value().item()).epsilon(1e-5));
+  for (size_t i = 0; i < cp.size(); ++i)
+    ffn::test::check_close(gp[i].grad().to(Device::cpu()), cp[i].grad(), 1e-5, 1e-3,
+                           "llama grad of parameter " + std::to_string(i));
+}
+
 FFN_GPU_TEST("GPT on the GPU (f32) matches the CPU: loss and every gradient") {
   const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
   const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);

@@ -54,8 +54,14 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
   const Config back = Config::parse(c.to_toml(), "dump");
   CHECK(back.to_toml() == c.to_toml());
   CHECK(back.train.lr == c.train.lr);
-  for (const char* f : {"configs/tiny.toml", "configs/shakespeare_char.toml", "configs/gpt2_small.toml"})
+  for (const char* f : {"configs/tiny.toml", "configs/shakespeare_char.toml",
+                        "configs/gpt2_small.toml", "configs/llama_char.toml"})
     CHECK_NOTHROW(Config::load(std::string(FFN_SOURCE_DIR) + "/" + f));
+  const Config lc = Config::load(std::string(FFN_SOURCE_DIR) + "/configs/llama_char.toml");
+  CHECK(lc.model.arch == Arch::llama);
+  CHECK(lc.model.kv_heads == 2);
+  CHECK(std::llround(lc.model.ffn_mult * 384) == 1024);  // SwiGLU's 8/3 · d_model
+  CHECK(!lc.model.tie_embeddings);
   const Config sc = Config::load(std::string(FFN_SOURCE_DIR) + "/configs/shakespeare_char.toml");
   CHECK(sc.model.layers == 6);
   CHECK(sc.model.d_model == 384);
@@ -129,6 +135,17 @@ TEST_CASE("config errors name the key (unknown, wrong type, out of range, cross-
   expect_config_error("[model]\nffn = \"relu\"\n", {}, "model.ffn: expected one of");
   expect_config_error("[runtime]\nfused_attention = 1\n", {}, "runtime.fused_attention: expected");
   expect_config_error("[model]\nd_model = 10\nheads = 3\n", {}, "model.heads: d_model=10");
+  // The llama arch: no biases, a gated MLP, kv_heads dividing heads, an even head size.
+  const std::string llama = "[model]\narch = \"llama\"\nffn = \"swiglu\"\nbias = false\n";
+  CHECK(Config::parse(llama, "t.toml", {"model.kv_heads=1"}).model.kv_heads == 1);
+  expect_config_error(llama, {"model.bias=true"}, "model.bias: the llama arch has no biases");
+  expect_config_error(llama, {"model.ffn=\"gelu\""}, "model.ffn: the llama arch's MLP is gated");
+  expect_config_error(llama, {"model.kv_heads=3", "model.heads=4"},
+                      "model.kv_heads: 3 does not divide heads=4");
+  expect_config_error(llama, {"model.heads=64"}, "model.heads: rotary embeddings need an even");
+  expect_config_error("[model]\nkv_heads = 1\n", {},
+                      "model.kv_heads: grouped-query attention needs model.arch = \"llama\"");
+  expect_config_error("[model]\narch = \"mamba\"\n", {}, "model.arch: expected one of");
   expect_config_error("[runtime]\nnproc = 3\n[train]\nbatch_size = 16\n", {},
                       "train.batch_size: the global batch 16 is not divisible by runtime.nproc=3");
   expect_config_error("", {"train.nope=1"}, "train.nope: unknown key");
@@ -407,6 +424,55 @@ TEST_CASE("a padded vocabulary stays out of checkpoints; a run resumes with anot
   Config cb = resume_config(b, {"train.iters=8", "model.vocab_pad_to=64"});
   CHECK(run_training(ca, ra).iters_done == 8);
   CHECK(run_training(cb, rb).iters_done == 8);
+  fs::remove_all(root);
+}
+
+TEST_CASE("a llama run: HF Llama names in the checkpoint, bit-exact resume, it learns") {
+  const fs::path root = temp_dir("llama");
+  const std::string a = (root / "straight").string(), b = (root / "split").string();
+  auto cfg = [](const std::string& dir) {
+    Config c = tiny_config(dir, 8);
+    c.model.arch = Arch::llama;
+    c.model.ffn = FfnKind::swiglu;
+    c.model.bias = false;
+    c.model.kv_heads = 1;
+    c.model.tie_embeddings = false;
+    return c;
+  };
+  TrainOptions quiet;
+  quiet.quiet = true;
+  run_training(cfg(a), quiet);
+  TrainOptions first = quiet;
+  first.stop_after = 4;
+  run_training(cfg(b), first);
+  TrainOptions second = quiet;
+  second.resume = b;
+  CHECK(run_training(cfg(b), second).iters_done == 8);
+  CHECK(metric_lines(a, "train_loss") == metric_lines(b, "train_loss"));
+  for (const char* f : {"model.safetensors", "optim.safetensors"})
+    CHECK_MESSAGE(slurp(fs::path(a) / "ckpt-8" / f) == slurp(fs::path(b) / "ckpt-8" / f), f);
+  std::map<std::string, Shape> shapes;
+  const std::string model = (fs::path(a) / "ckpt-8" / "model.safetensors").string();
+  for (const auto& [n, t] : load_safetensors(model)) shapes[n] = t.shape();
+  CHECK(shapes.count("model.embed_tokens.weight"));
+  CHECK(shapes.count("model.layers.1.self_attn.k_proj.weight"));
+  CHECK(shapes.count("model.layers.0.mlp.gate_proj.weight"));
+  CHECK(shapes.count("model.norm.weight"));
+  CHECK(shapes.count("lm_head.weight"));
+  CHECK(shapes.at("lm_head.weight") == shapes.at("model.embed_tokens.weight"));  // not padded
+  CHECK(shapes.at("model.layers.1.self_attn.k_proj.weight") == Shape{32, 64});  // 1 kv head
+  // Learning: the val loss falls over 40 iterations.
+  const std::string c = (root / "learn").string();
+  Config lc = cfg(c);
+  lc.train.iters = 40;
+  lc.run.eval_every = 40;
+  run_training(lc, quiet);
+  const auto vals = metric_lines(c, "val_loss");
+  REQUIRE(vals.size() >= 2);
+  auto val = [](const std::string& l) {
+    return std::strtod(l.c_str() + l.find("\"val_loss\":") + 11, nullptr);
+  };
+  CHECK(val(vals.back()) < 0.8 * val(vals.front()));
   fs::remove_all(root);
 }
 

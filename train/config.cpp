@@ -172,6 +172,7 @@ std::vector<Field> fields(Config& c) {
       str_field("data.path", c.data.path, {}),
       str_field("data.val_path", c.data.val_path, {}),
       num_field("data.val_fraction", c.data.val_fraction, frac, "in (0, 1)"),
+      enum_field("model.arch", c.model.arch, kArchNames),
       int_field("model.vocab_size", c.model.vocab_size, 0, ">= 0 (0: from the data)"),
       int_field("model.vocab_pad_to", c.model.vocab_pad_to, 1, ">= 1 (1: no padding)"),
       int_field("model.context", c.model.context, 1, ">= 1"),
@@ -182,6 +183,10 @@ std::vector<Field> fields(Config& c) {
       num_field("model.ffn_mult", c.model.ffn_mult, pos, "> 0"),
       num_field("model.dropout", c.model.dropout, dropout_p_valid, "in [0, 1]"),
       bool_field("model.bias", c.model.bias),
+      int_field("model.kv_heads", c.model.kv_heads, 0, ">= 0 (0: heads)"),
+      num_field("model.rope_theta", c.model.rope_theta, pos, "> 0"),
+      num_field("model.norm_eps", c.model.norm_eps, pos, "> 0"),
+      bool_field("model.tie_embeddings", c.model.tie_embeddings),
       int_field("train.batch_size", c.train.batch_size, 1, ">= 1"),
       int_field("train.grad_accum_steps", c.train.grad_accum_steps, 1, ">= 1"),
       int_field("train.iters", c.train.iters, 1, ">= 1"),
@@ -205,6 +210,22 @@ void cross_check(const Config& c) {
   if (c.model.d_model % c.model.heads != 0)
     config_error("model.heads: d_model=" + std::to_string(c.model.d_model) +
                  " is not divisible by heads=" + std::to_string(c.model.heads));
+  const int64_t kv = c.model.kv_heads ? c.model.kv_heads : c.model.heads;
+  if (c.model.heads % kv != 0)
+    config_error("model.kv_heads: " + std::to_string(kv) + " does not divide heads=" +
+                 std::to_string(c.model.heads));
+  if (c.model.arch == Arch::gpt && kv != c.model.heads)
+    config_error("model.kv_heads: grouped-query attention needs model.arch = \"llama\"");
+  if (c.model.arch == Arch::llama) {
+    if (c.model.bias)
+      config_error("model.bias: the llama arch has no biases; set model.bias = false");
+    if (!ffn_activation(c.model.ffn).gated)
+      config_error("model.ffn: the llama arch's MLP is gated: \"swiglu\" (Llama's) or "
+                   "\"geglu\", got \"" + std::string(name_of(kFfnKindNames, c.model.ffn)) + "\"");
+    if ((c.model.d_model / c.model.heads) % 2 != 0)
+      config_error("model.heads: rotary embeddings need an even head size, d_model / heads = " +
+                   std::to_string(c.model.d_model / c.model.heads));
+  }
   if (c.train.batch_size % c.runtime.nproc != 0)
     config_error("train.batch_size: the global batch " + std::to_string(c.train.batch_size) +
                  " is not divisible by runtime.nproc=" + std::to_string(c.runtime.nproc));
@@ -343,6 +364,8 @@ const std::map<std::string, std::string>& key_docs() {
       {"data.path", "the text file or token file"},
       {"data.val_path", "tokens: a separate validation file (else the last val_fraction)"},
       {"data.val_fraction", "share of the data held out for validation"},
+      {"model.arch",
+       "\"gpt\" (LayerNorm, learned positions) or \"llama\" (RMSNorm, rotary, HF names)"},
       {"model.vocab_size", "vocabulary size (0: from the data; token files need it)"},
       {"model.vocab_pad_to", "LM-head rows padded to a multiple of this (1: none; not in files)"},
       {"model.context", "tokens per sequence"},
@@ -353,6 +376,10 @@ const std::map<std::string, std::string>& key_docs() {
       {"model.ffn_mult", "FFN hidden width / d_model"},
       {"model.dropout", "dropout probability (attention, FFN, residual)"},
       {"model.bias", "biases in the linear layers"},
+      {"model.kv_heads", "llama: key/value heads, dividing heads (0: heads)"},
+      {"model.rope_theta", "llama: the rotary embeddings' base"},
+      {"model.norm_eps", "llama: RMSNorm's eps"},
+      {"model.tie_embeddings", "LM head tied to the token embedding (false: its own)"},
       {"train.batch_size", "sequences per micro-batch, over all GPUs"},
       {"train.grad_accum_steps", "micro-batches per optimizer step (gradients summed in fp32)"},
       {"train.iters", "optimizer steps"},

@@ -19,7 +19,8 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/names.h"
-#include "layers/layers.h"  // FfnKind
+#include "layers/layers.h"       // FfnKind
+#include "layers/transformer.h"  // Arch
 #include "optim/adamw.h"    // LrSchedule
 
 namespace ffn::train {
@@ -68,6 +69,7 @@ struct DataSection {
 };
 
 struct ModelSection {
+  Arch arch = Arch::gpt;   // kArchNames (layers/transformer.h)
   int64_t vocab_size = 0;  // 0: from the data (text/synthetic); required for tokens
   int64_t vocab_pad_to = 128;  // Note [Padded vocabulary] (layers/transformer.h); 1: none
   int64_t context = 64;
@@ -78,6 +80,10 @@ struct ModelSection {
   double ffn_mult = 4.0;
   double dropout = 0.0;
   bool bias = true;
+  int64_t kv_heads = 0;        // llama: key/value heads (0: heads)
+  double rope_theta = 10000.0;  // llama: the rotary embeddings' base
+  double norm_eps = 1e-5;       // llama: RMSNorm's eps
+  bool tie_embeddings = true;   // false: a separate LM head
 };
 
 struct TrainSection {

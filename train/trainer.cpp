@@ -130,6 +130,11 @@ GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
   g.ffn_mult = c.model.ffn_mult;
   g.dropout = static_cast<float>(c.model.dropout);
   g.bias = c.model.bias;
+  g.arch = c.model.arch;
+  g.kv_heads = c.model.kv_heads;
+  g.rope_theta = c.model.rope_theta;
+  g.norm_eps = c.model.norm_eps;
+  g.tie_embeddings = c.model.tie_embeddings;
   g.fp32_residual = c.runtime.fp32_residual;
   g.fused_attention = c.runtime.fused_attention;
   g.place = ParamInit{dt, dev};
@@ -402,8 +407,9 @@ void Trainer::announce() const {
                                        : std::string());
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "model: GPT %lld layers, %lld heads, d_model %lld, context %lld, ffn %s, vocab "
+                "model: %s %lld layers, %lld heads, d_model %lld, context %lld, ffn %s, vocab "
                 "%s, %.2fM params | batch %s (%s tokens/iter) | run dir %s",
+                c.model.arch == Arch::llama ? "Llama" : "GPT",
                 static_cast<long long>(c.model.layers), static_cast<long long>(c.model.heads),
                 static_cast<long long>(c.model.d_model), static_cast<long long>(c.model.context),
                 name_of(kFfnKindNames, c.model.ffn), vocab_text.c_str(),
@@ -431,7 +437,9 @@ void Trainer::announce() const {
 void Trainer::init_weights() {
   State& s = *s_;
   std::string file;
-  const NamedTensors src = to_ffn_layout(read_weights(s.opt.init_from, &file), s.opt.init_from);
+  // Llama runs store HF Llama's names natively (layers/llama.h); GPT runs read any GPT layout.
+  NamedTensors src = read_weights(s.opt.init_from, &file);
+  if (s.cfg.model.arch != Arch::llama) src = to_ffn_layout(src, s.opt.init_from);
   std::map<std::string, Tensor> by_name(src.begin(), src.end());
   // 16-bit parameters have fp32 masters in AdamW, made from the random init: they take the
   // file's values too (at the file's precision).

@@ -110,6 +110,10 @@ WeightLayout detect_weight_layout(const NamedTensors& ts, const std::string& ori
   if (by_name.count("h.0.mlp.fc1.weight")) return WeightLayout::ffn;
   const auto c_attn = by_name.find("h.0.attn.c_attn.weight");
   const auto wte = by_name.find("wte.weight");
+  if (by_name.count("model.embed_tokens.weight"))
+    refuse(origin, "a Llama model (model.embed_tokens.weight): model.arch = \"llama\" runs "
+                   "store HuggingFace Llama's names already, so they need no conversion; "
+                   "ffn-convert converts GPT layouts");
   if (c_attn == by_name.end() || wte == by_name.end() || !by_name.count("h.0.mlp.c_fc.weight"))
     refuse(origin, "not a GPT in any known layout (no wte.weight, h.0.attn.c_attn.weight and "
                    "h.0.mlp.fc1/c_fc.weight)");

@@ -39,7 +39,7 @@ void sample(GPT& model, const GptConfig& g, const std::vector<uint8_t>& vocab,
     const Tensor x = Tensor::from_vector(window, {1, t}, DType::i32, dev);
     const Var h = model.hidden(x);
     const Tensor last = h.value().reshape({t, g.d_model}).narrow(0, t - 1, 1);
-    const Var logits = fn::linear(Var(last), model.token_embedding(), Var());
+    const Var logits = fn::linear(Var(last), model.head_weight(), Var());
     std::vector<double> l = logits.value().to_vector();
     l.resize(static_cast<size_t>(g.vocab_size));  // never a padding row (Note [Padded vocabulary])
     if (temperature == 0.0) {

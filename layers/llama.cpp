@@ -1,0 +1,127 @@
+// layers/llama.cpp — the Llama-shaped blocks (layers/llama.h, Note [Llama projections]).
+#include "layers/llama.h"
+
+#include <cmath>
+
+namespace ffn {
+
+namespace {
+LinearOptions no_bias(int64_t in, int64_t out, double std, const ParamInit& at) {
+  return LinearOptions{in, out, false, std, at};
+}
+double out_std(const GptConfig& cfg) {  // o_proj and down_proj, as GPT-2's c_proj
+  return cfg.init_std / std::sqrt(2.0 * static_cast<double>(cfg.layers));
+}
+int64_t kv_heads_of(const GptConfig& cfg) {
+  return cfg.kv_heads > 0 ? cfg.kv_heads : cfg.heads;
+}
+int64_t hidden_of(const GptConfig& cfg) {
+  return static_cast<int64_t>(std::llround(cfg.ffn_mult * static_cast<double>(cfg.d_model)));
+}
+}  // namespace
+
+LlamaAttention::LlamaAttention(const GptConfig& cfg, std::shared_ptr<Generator> rng,
+                               Generator& init)
+    : cfg_(cfg),
+      head_dim_(cfg.heads > 0 ? cfg.d_model / cfg.heads : 0),
+      kv_heads_(kv_heads_of(cfg)),
+      rng_(std::move(rng)),
+      q_proj_(no_bias(cfg.d_model, cfg.d_model, cfg.init_std, cfg.place), init),
+      k_proj_(no_bias(cfg.d_model, kv_heads_of(cfg) * (cfg.d_model / cfg.heads), cfg.init_std,
+                      cfg.place),
+              init),
+      v_proj_(no_bias(cfg.d_model, kv_heads_of(cfg) * (cfg.d_model / cfg.heads), cfg.init_std,
+                      cfg.place),
+              init),
+      o_proj_(no_bias(cfg.d_model, cfg.d_model, out_std(cfg), cfg.place), init) {
+  FFN_CHECK(cfg.heads > 0 && cfg.d_model % cfg.heads == 0, "[attention] d_model=", cfg.d_model,
+            " is not divisible by heads=", cfg.heads);
+  FFN_CHECK(kv_heads_ > 0 && cfg.heads % kv_heads_ == 0, "[attention] kv_heads=", kv_heads_,
+            " must divide heads=", cfg.heads);
+  FFN_CHECK(head_dim_ % 2 == 0, "[attention] rotary embeddings need an even head size, got ",
+            head_dim_);
+  check_dropout_p(cfg.dropout, "attention");
+  register_module("q_proj", q_proj_);
+  register_module("k_proj", k_proj_);
+  register_module("v_proj", v_proj_);
+  register_module("o_proj", o_proj_);
+}
+
+void LlamaAttention::check_input(const Tensor& x) const {
+  FFN_CHECK(x.dim() == 3 && x.size(2) == cfg_.d_model, "[attention] x must be [B, T, ",
+            cfg_.d_model, "], got ", shape_str(x.shape()));
+}
+
+Var LlamaAttention::forward_impl(const Var& x) {
+  // One QKV weight, key/value heads repeated per group (Note [Llama projections]).
+  const int64_t group = cfg_.heads / kv_heads_;
+  std::vector<fn::RowRange> rows{{q_proj_.weight(), 0, cfg_.d_model}};
+  for (const Linear* p : {&k_proj_, &v_proj_}) {
+    if (group == 1) {
+      rows.push_back({p->weight(), 0, cfg_.d_model});
+      continue;
+    }
+    for (int64_t h = 0; h < cfg_.heads; ++h)
+      rows.push_back({p->weight(), (h / group) * head_dim_, head_dim_});
+  }
+  const Var qkv = fn::rope(fn::linear(x, fn::concat_rows(rows), Var()), cfg_.heads, cfg_.heads,
+                           cfg_.rope_theta);
+  const DropoutSpec attn = is_training() && cfg_.dropout > 0 ? rng_->dropout(cfg_.dropout)
+                                                             : DropoutSpec{};
+  return o_proj_.forward(fn::causal_attention(qkv, cfg_.heads, attn, cfg_.fused_attention));
+}
+
+LlamaMLP::LlamaMLP(const GptConfig& cfg, Generator& init)
+    : d_model_(cfg.d_model),
+      hidden_(hidden_of(cfg)),
+      act_(ffn_activation(cfg.ffn).act),
+      gate_proj_(no_bias(cfg.d_model, hidden_of(cfg), cfg.init_std, cfg.place), init),
+      up_proj_(no_bias(cfg.d_model, hidden_of(cfg), cfg.init_std, cfg.place), init),
+      down_proj_(no_bias(hidden_of(cfg), cfg.d_model, out_std(cfg), cfg.place), init) {
+  FFN_CHECK(hidden_ > 0, "[model] ffn_mult=", cfg.ffn_mult, " gives an empty hidden layer");
+  FFN_CHECK(ffn_activation(cfg.ffn).gated, "[model] the llama arch's MLP is gated: model.ffn ",
+            "must be swiglu or geglu, got ", name_of(kFfnKindNames, cfg.ffn));
+  register_module("gate_proj", gate_proj_);
+  register_module("up_proj", up_proj_);
+  register_module("down_proj", down_proj_);
+}
+
+void LlamaMLP::check_input(const Tensor& x) const {
+  FFN_CHECK(x.dim() >= 1 && x.size(-1) == d_model_, "[mlp] x.shape[-1]=",
+            x.dim() ? x.size(-1) : 0, " != d_model=", d_model_);
+}
+
+Var LlamaMLP::forward_impl(const Var& x) {
+  // fc1 = [up | gate]: value half first (Note [Llama projections]).
+  const Var w1 =
+      fn::concat_rows({{up_proj_.weight(), 0, hidden_}, {gate_proj_.weight(), 0, hidden_}});
+  return fn::ffn(x, w1, Var(), down_proj_.weight(), Var(), FfnConfig{act_, true, false}, {});
+}
+
+LlamaBlock::LlamaBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
+    : d_model_(cfg.d_model),
+      dropout_(cfg.dropout),
+      rng_(rng),
+      input_layernorm_(cfg.d_model, cfg.place, cfg.norm_eps),
+      self_attn_(cfg, rng, init),
+      post_attention_layernorm_(cfg.d_model, cfg.place, cfg.norm_eps),
+      mlp_(cfg, init) {
+  register_module("input_layernorm", input_layernorm_);
+  register_module("self_attn", self_attn_);
+  register_module("post_attention_layernorm", post_attention_layernorm_);
+  register_module("mlp", mlp_);
+}
+
+void LlamaBlock::check_input(const Tensor& x) const {
+  FFN_CHECK(x.dim() == 3 && x.size(2) == d_model_, "[block] x must be [B, T, ", d_model_,
+            "], got ", shape_str(x.shape()));
+}
+
+Var LlamaBlock::forward_impl(const Var& x) {
+  const bool drop = is_training() && dropout_ > 0.0f;
+  auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
+  const Var a = fn::dropout_add(x, self_attn_.forward(input_layernorm_.forward(x)), spec());
+  return fn::dropout_add(a, mlp_.forward(post_attention_layernorm_.forward(a)), spec());
+}
+
+}  // namespace ffn
