@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """bench/compare_torch_gpt.py — ffn-train against PyTorch on the same GPU, in one run.
 
+--arch llama swaps both sides for configs/llama_char.toml's Llama (RMSNorm, rotary
+embeddings, grouped-query attention, SwiGLU, untied head; PyTorch's model written below with
+nn.RMSNorm and scaled_dot_product_attention(enable_gqa=True)); the recipe is the same.
+
 The model and recipe are configs/shakespeare_char.toml's (nanoGPT's shakespeare_char):
 a 6-layer, 6-head, d=384, context-256 GPT without biases, tied embeddings, GELU MLP x4,
 dropout 0.2, AdamW (fused) with lr 1e-3 / warmup 100 / cosine, betas (0.9, 0.99), weight
@@ -78,6 +82,75 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class LlamaBlock(nn.Module):
+    """configs/llama_char.toml's block: RMSNorm, rotary embeddings (rotate_half), 6 query
+    heads sharing 2 key/value heads, SwiGLU of width 1024, no biases, dropout p on the
+    attention probabilities and each branch output."""
+
+    def __init__(s, d, h, kv, hidden, p):
+        super().__init__()
+        s.input_layernorm = nn.RMSNorm(d, eps=1e-5)
+        s.q_proj = nn.Linear(d, d, bias=False)
+        s.k_proj = nn.Linear(d, kv * (d // h), bias=False)
+        s.v_proj = nn.Linear(d, kv * (d // h), bias=False)
+        s.o_proj = nn.Linear(d, d, bias=False)
+        s.post_attention_layernorm = nn.RMSNorm(d, eps=1e-5)
+        s.gate_proj = nn.Linear(d, hidden, bias=False)
+        s.up_proj = nn.Linear(d, hidden, bias=False)
+        s.down_proj = nn.Linear(hidden, d, bias=False)
+        s.h, s.kv, s.p = h, kv, p
+        s.drop = nn.Dropout(p)
+
+    @staticmethod
+    def rope(x, cos, sin):
+        T, D = x.shape[-2], x.shape[-1]
+        rot = torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1)
+        return x * cos[:T] + rot * sin[:T]
+
+    def forward(s, x, cos, sin):
+        B, T, C = x.shape
+        D = C // s.h
+        a = s.input_layernorm(x)
+        q = s.q_proj(a).view(B, T, s.h, D).transpose(1, 2)
+        k = s.k_proj(a).view(B, T, s.kv, D).transpose(1, 2)
+        v = s.v_proj(a).view(B, T, s.kv, D).transpose(1, 2)
+        q, k = s.rope(q, cos, sin), s.rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=s.p if s.training else 0.0,
+                                           is_causal=True, enable_gqa=True)
+        x = x + s.drop(s.o_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+        a = s.post_attention_layernorm(x)
+        return x + s.drop(s.down_proj(F.silu(s.gate_proj(a)) * s.up_proj(a)))
+
+
+class Llama(nn.Module):
+    def __init__(s, vocab, ctx, layers=6, heads=6, kv=2, d=384, hidden=1024, p=0.2):
+        super().__init__()
+        D = d // heads
+        inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+        ang = torch.arange(ctx, dtype=torch.float64)[:, None] * inv[None]
+        s.register_buffer("cos", torch.cat([ang.cos(), ang.cos()], -1).float(), persistent=False)
+        s.register_buffer("sin", torch.cat([ang.sin(), ang.sin()], -1).float(), persistent=False)
+        s.embed_tokens = nn.Embedding(vocab, d)
+        s.drop = nn.Dropout(p)
+        s.layers = nn.ModuleList(LlamaBlock(d, heads, kv, hidden, p) for _ in range(layers))
+        s.norm = nn.RMSNorm(d, eps=1e-5)
+        s.lm_head = nn.Linear(d, vocab, bias=False)
+        for n, w in s.named_parameters():
+            if w.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if n.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                nn.init.normal_(w, 0.0, std)
+
+    def forward(s, idx, targets):
+        x = s.drop(s.embed_tokens(idx))
+        for b in s.layers:
+            x = b(x, s.cos, s.sin)
+        logits = s.lm_head(s.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+ARCH = "gpt"  # --arch: which model make() builds
+
+
 def load(path):
     text = open(path, "rb").read()
     chars = sorted(set(text))
@@ -105,7 +178,7 @@ def lr_at(it, lr=1e-3, min_lr=1e-4, warmup=100, decay=5000):
 
 def make(vocab, dev, compile_, seed=1337):
     torch.manual_seed(seed)
-    m = GPT(vocab, 256).to(dev)
+    m = (Llama(vocab, 256) if ARCH == "llama" else GPT(vocab, 256)).to(dev)
     decay = [p for p in m.parameters() if p.dim() >= 2]
     nodecay = [p for p in m.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
@@ -210,7 +283,10 @@ def time_ours(bin_, config, data, warmup, iters, run_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ffn-train", required=True, help="path to the ffn-train binary")
-    ap.add_argument("--config", default="configs/shakespeare_char.toml")
+    ap.add_argument("--config", help="default: configs/shakespeare_char.toml, or "
+                    "configs/llama_char.toml with --arch llama")
+    ap.add_argument("--arch", default="gpt", choices=["gpt", "llama"],
+                    help="the PyTorch model: nanoGPT's GPT, or llama_char.toml's Llama")
     ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--iters", type=int, default=100)
@@ -222,10 +298,15 @@ def main():
     ap.add_argument("--seed", type=int, default=1337, help="--quality: the PyTorch run's seed (init, dropout, batches)")
     ap.add_argument("--quality-only", action="store_true", help="only the --quality run, no timing")
     a = ap.parse_args()
+    global ARCH
+    ARCH = a.arch
+    if not a.config:
+        a.config = "configs/llama_char.toml" if a.arch == "llama" else "configs/shakespeare_char.toml"
     dev = "cuda"
     train, val, vocab = load(a.data)
     res = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
-           "torch": torch.__version__, "warmup": a.warmup, "iters": a.iters}
+           "torch": torch.__version__, "warmup": a.warmup, "iters": a.iters, "arch": a.arch,
+           "config": a.config}
     if a.quality_only:
         best, curve = quality(train, val, vocab, dev, a.quality or 5000, a.seed)
         res.update(seed=a.seed, torch_best_val=best, torch_val_curve=curve)
@@ -256,7 +337,8 @@ def main():
     ratios = [r["ours_over_compile"] for r in rounds]
     if a.quality:
         res["torch_best_val"], res["torch_val_curve"] = quality(train, val, vocab, dev, a.quality)
-    print(f"| shakespeare_char step ({res['device']}, {res['date']}) | ms/iter | ours / it |")
+    label = "llama_char" if a.arch == "llama" else "shakespeare_char"
+    print(f"| {label} step ({res['device']}, {res['date']}) | ms/iter | ours / it |")
     print("|---|---:|---:|")
     print(f"| fused-ffn (ffn-train) | {res['ours_ms']:.2f} | 1.00 |")
     print(f"| PyTorch eager | {res['eager_ms']:.2f} | {res['ours_over_eager']:.3f} |")

@@ -5,8 +5,8 @@
 //   tokens  i32 [B, T+1]   the batch (inputs are [:, :T], targets [:, 1:])
 //   loss    f32 [1]        the mean cross-entropy
 //   <name>  the gradient of each parameter, in the layout --layout asks for (hf-gpt2 by
-//           default: the names and Conv1D orientation of the PyTorch model), at the
-//           precision the model ran in.
+//           default: the names and Conv1D orientation of the PyTorch model; a llama model's
+//           own names, which are HF Llama's), at the precision the model ran in.
 //
 // Exit codes: 0 written; 1 a runtime error; 2 bad options or a config/weights mismatch.
 #include <CLI/CLI.hpp>
@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32 or bf16 (parameters and compute)");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
   app.add_option("--batch", batch, "Sequences")->check(CLI::PositiveNumber);
-  app.add_option("--seq", seq, "Tokens per sequence (<= model.context)")->check(CLI::PositiveNumber);
+  app.add_option("--seq", seq, "Tokens per sequence (<= model.context)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "Seed of the token draw");
   app.add_option("--layout", layout, "Layout of the gradients: hf-gpt2, nanogpt or ffn");
   std::vector<std::string> sets;
@@ -63,18 +64,25 @@ int main(int argc, char** argv) {
 
     // The weights, by name, into the model's stored view (Note [Padded vocabulary]).
     std::string file;
-    const NamedTensors src = to_ffn_layout(read_weights(weights, &file), weights);
+    // A llama model's names are HF Llama's already (layers/llama.h).
+    const bool llama = cfg.model.arch == Arch::llama;
+    const NamedTensors src = llama ? read_weights(weights, &file)
+                                   : to_ffn_layout(read_weights(weights, &file), weights);
     std::map<std::string, Tensor> by_name(src.begin(), src.end());
     for (auto& [name, dst] : model.stored_view(values_of(model.named_parameters()))) {
       auto it = by_name.find(name);
       FFN_CHECK(it != by_name.end(), "[ffn-gpt-grads] '", file, "' has no '", name, "'");
       Tensor t = it->second;
       if (name == "wpe.weight" && t.size(0) > dst.size(0)) t = t.narrow(0, 0, dst.size(0));
+      by_name.erase(it);
       FFN_CHECK(t.shape() == dst.shape(), "[ffn-gpt-grads] '", name, "' is ",
                 shape_str(t.shape()), ", the config's model has ", shape_str(dst.shape()));
       dst.copy_(t);
     }
 
+    FFN_CHECK(by_name.empty(), "[ffn-gpt-grads] '", file,
+              "' has tensors the model does not (e.g. '",
+              by_name.empty() ? std::string() : by_name.begin()->first, "')");
     // Tokens: Philox(seed) draws, uniform over the vocabulary.
     std::vector<double> ids(static_cast<size_t>(batch * (seq + 1)));
     for (size_t i = 0; i < ids.size(); ++i)
@@ -90,7 +98,7 @@ int main(int argc, char** argv) {
     for (const auto& [name, v] : model.named_parameters()) grads.emplace_back(name, v.grad());
     grads = model.stored_view(grads);
     for (auto& [name, t] : grads) t = t.contiguous().to(Device::cpu());
-    NamedTensors outs = from_ffn_layout(grads, parse_weight_layout(layout));
+    NamedTensors outs = llama ? grads : from_ffn_layout(grads, parse_weight_layout(layout));
     outs.emplace_back("tokens", tokens);
     outs.emplace_back("loss", loss.value().to(DType::f32).to(Device::cpu()).reshape({1}));
     save_safetensors(out, outs, {{"format", "pt"}});

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""bench/gpt_parity.py — do our weight files mean the same model to PyTorch? (issue 18)
+"""bench/gpt_parity.py — do our weight files mean the same model to PyTorch? (issues 18, 15)
 
 A GPT-2 written here in plain PyTorch with HuggingFace's names and Conv1D layout
 (transformer.wte, transformer.h.N.attn.c_attn.weight [d, 3d], ...) loads a file written by
-`ffn-convert --to hf-gpt2`, reading it with the small safetensors reader below (Python's
+`ffn-convert --to hf-gpt2`; with --arch llama, a Llama written here (HF's names, RMSNorm,
+rotate_half RoPE, repeat_kv GQA, gated MLP) loads a llama run's checkpoint as it is. Files are
+read with the small safetensors reader below (Python's
 standard library + torch: the `safetensors` package is not installed on our machines). For
 each precision, `ffn-gpt-grads` (bench/gpt_grads.cpp) computes our loss and gradients on the
 same weights and a seeded batch, and writes the batch with them; this script computes the
@@ -80,9 +82,67 @@ def gpt2_loss(p, tokens, layers, heads, act, autocast):
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y_ids.reshape(-1))
 
 
-def torch_run(weights, tokens, layers, heads, act, dtype, autocast):
+def rope(x, theta):
+    """HF Llama's rotary embedding (rotate_half) on x [B, H, T, D], angles in f64."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
+    ang = torch.arange(t, dtype=torch.float64, device=x.device)[:, None] * inv[None]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).to(torch.float32 if x.dtype != torch.float64
+                                                    else torch.float64)
+    sin = torch.cat([ang.sin(), ang.sin()], -1).to(cos.dtype)
+    rot = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
+    return x * cos + rot * sin
+
+
+def rms_norm(x, w, eps):
+    xf = x.float() if x.dtype != torch.float64 else x
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def llama_loss(p, tokens, layers, heads, kv_heads, theta, eps, act, autocast):
+    """Loss of a Llama (HF names: model.layers.N.self_attn.q_proj, ...; RMSNorm, RoPE,
+    grouped-query attention by repeat_kv, gated MLP, untied or tied head) on tokens [B, T+1]."""
+    x_ids, y_ids = tokens[:, :-1], tokens[:, 1:]
+    b, t = x_ids.shape
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if autocast else torch.autocast(
+        "cuda", enabled=False)
+    with ctx:
+        x = p["model.embed_tokens.weight"][x_ids]
+        x = x.float() if x.dtype != torch.float64 else x
+        d = x.shape[-1]
+        hd = d // heads
+        for i in range(layers):
+            h = f"model.layers.{i}."
+            a = rms_norm(x, p[h + "input_layernorm.weight"], eps)
+            q = F.linear(a, p[h + "self_attn.q_proj.weight"]).view(b, t, heads, hd).transpose(1, 2)
+            k = F.linear(a, p[h + "self_attn.k_proj.weight"]).view(b, t, kv_heads, hd).transpose(1, 2)
+            v = F.linear(a, p[h + "self_attn.v_proj.weight"]).view(b, t, kv_heads, hd).transpose(1, 2)
+            q, k = rope(q, theta), rope(k, theta)
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + F.linear(y.transpose(1, 2).reshape(b, t, d), p[h + "self_attn.o_proj.weight"])
+            a = rms_norm(x, p[h + "post_attention_layernorm.weight"], eps)
+            g = F.linear(a, p[h + "mlp.gate_proj.weight"])
+            g = F.silu(g) if act == "swiglu" else F.gelu(g, approximate="tanh")
+            x = x + F.linear(g * F.linear(a, p[h + "mlp.up_proj.weight"]),
+                             p[h + "mlp.down_proj.weight"])
+        x = rms_norm(x, p["model.norm.weight"], eps)
+        head = p["lm_head.weight"] if "lm_head.weight" in p else p["model.embed_tokens.weight"]
+        logits = F.linear(x, head)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y_ids.reshape(-1))
+
+
+def torch_run(weights, tokens, args, dtype, autocast):
     p = {n: w.to("cuda", dtype).requires_grad_(True) for n, w in weights.items()}
-    loss = gpt2_loss(p, tokens.to("cuda").long(), layers, heads, act, autocast)
+    ids = tokens.to("cuda").long()
+    if args.arch == "llama":
+        layers = 1 + max(int(n.split(".")[2]) for n in p if n.startswith("model.layers."))
+        loss = llama_loss(p, ids, layers, args.heads, args.kv_heads or args.heads, args.theta,
+                          args.eps, args.act, autocast)
+    else:
+        layers = 1 + max(int(n.split(".")[2]) for n in p if n.startswith("transformer.h."))
+        loss = gpt2_loss(p, ids, layers, args.heads, args.act, autocast)
     loss.backward()
     return loss.detach(), {n: w.grad for n, w in p.items()}
 
@@ -97,12 +157,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin", default="build/bench/ffn-gpt-grads")
     ap.add_argument("--config", required=True)
-    ap.add_argument("--weights", required=True, help="an hf-gpt2 layout .safetensors file")
+    ap.add_argument("--weights", required=True,
+                    help="gpt: an hf-gpt2 layout .safetensors file; llama: the checkpoint's own")
     ap.add_argument("--set", action="append", default=[], help="config overrides for ours")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--heads", type=int, required=True)
-    ap.add_argument("--act", default="gelu", choices=["gelu", "gelu_tanh"])
+    ap.add_argument("--act", default="gelu", choices=["gelu", "gelu_tanh", "swiglu", "geglu"])
+    ap.add_argument("--arch", default="gpt", choices=["gpt", "llama"])
+    ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (0: heads)")
+    ap.add_argument("--theta", type=float, default=10000.0, help="llama: the rotary base")
+    ap.add_argument("--eps", type=float, default=1e-5, help="llama: RMSNorm's eps")
     ap.add_argument("--seeds", type=int, default=8, help="batches; errors are their means")
     ap.add_argument("--out", default="parity.json")
     ap.add_argument("--tmp", default="/tmp")
@@ -111,7 +176,6 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
 
     weights = read_safetensors(args.weights)
-    layers = 1 + max(int(n.split(".")[2]) for n in weights if n.startswith("transformer.h."))
     rows, ok = [], True
     for precision in ("fp32", "bf16"):
         errs = {}  # name -> [(ours, torch)] over the batches
@@ -126,7 +190,7 @@ def main():
             ours = read_safetensors(ours_file)
             tokens = ours.pop("tokens")
             ours_loss = ours.pop("loss")[0]
-            run = lambda dt, ac: torch_run(weights, tokens, layers, args.heads, args.act, dt, ac)
+            run = lambda dt, ac: torch_run(weights, tokens, args, dt, ac)
             ref_loss, ref = run(torch.float64, False)
             naive_loss, naive = run(torch.float32, precision == "bf16")
             if precision == "bf16":  # the naive bf16 math ends in bf16 tensors, as ours do
