@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """bench/compare_torch_gpt.py — ffn-train against PyTorch on the same GPU, in one run.
 
---arch llama swaps both sides for configs/llama_char.toml's Llama (RMSNorm, rotary
+--arch gpt2 times configs/gpt2_small.toml (vocab 50257, padded inside) against nanoGPT's GPT-2
+124M (vocab 50304, biases) under torch.compile only, 16 random-token sequences of 1024, and
+reports tokens/s and the peak memory of live tensors on both sides (ffn-train's done line,
+torch.cuda.max_memory_allocated). --arch llama swaps both sides for configs/llama_char.toml's Llama (RMSNorm, rotary
 embeddings, grouped-query attention, SwiGLU, untied head; PyTorch's model written below with
 nn.RMSNorm and scaled_dot_product_attention(enable_gqa=True)); the recipe is the same.
 
@@ -29,6 +32,7 @@ import datetime
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -40,14 +44,14 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(s, d, h, p):
+    def __init__(s, d, h, p, bias=False):
         super().__init__()
-        s.ln_1 = nn.LayerNorm(d, bias=False)
-        s.c_attn = nn.Linear(d, 3 * d, bias=False)
-        s.c_proj = nn.Linear(d, d, bias=False)
-        s.ln_2 = nn.LayerNorm(d, bias=False)
-        s.fc = nn.Linear(d, 4 * d, bias=False)
-        s.proj = nn.Linear(4 * d, d, bias=False)
+        s.ln_1 = nn.LayerNorm(d, bias=bias)
+        s.c_attn = nn.Linear(d, 3 * d, bias=bias)
+        s.c_proj = nn.Linear(d, d, bias=bias)
+        s.ln_2 = nn.LayerNorm(d, bias=bias)
+        s.fc = nn.Linear(d, 4 * d, bias=bias)
+        s.proj = nn.Linear(4 * d, d, bias=bias)
         s.h, s.p = h, p
         s.drop = nn.Dropout(p)
 
@@ -61,13 +65,13 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(s, vocab, ctx, layers=6, heads=6, d=384, p=0.2):
+    def __init__(s, vocab, ctx, layers=6, heads=6, d=384, p=0.2, bias=False):
         super().__init__()
         s.wte = nn.Embedding(vocab, d)
         s.wpe = nn.Embedding(ctx, d)
         s.drop = nn.Dropout(p)
-        s.h = nn.ModuleList(Block(d, heads, p) for _ in range(layers))
-        s.ln_f = nn.LayerNorm(d, bias=False)
+        s.h = nn.ModuleList(Block(d, heads, p, bias) for _ in range(layers))
+        s.ln_f = nn.LayerNorm(d, bias=bias)
         for n, w in s.named_parameters():
             if w.dim() >= 2:
                 std = 0.02 / math.sqrt(2 * layers) if n.endswith(("c_proj.weight", "proj.weight")) else 0.02
@@ -178,7 +182,10 @@ def lr_at(it, lr=1e-3, min_lr=1e-4, warmup=100, decay=5000):
 
 def make(vocab, dev, compile_, seed=1337):
     torch.manual_seed(seed)
-    m = (Llama(vocab, 256) if ARCH == "llama" else GPT(vocab, 256)).to(dev)
+    if ARCH == "gpt2":  # GPT-2 124M as nanoGPT trains it: vocab padded to 50304, biases
+        m = GPT(50304, 1024, layers=12, heads=12, d=768, p=0.0, bias=True).to(dev)
+    else:
+        m = (Llama(vocab, 256) if ARCH == "llama" else GPT(vocab, 256)).to(dev)
     decay = [p for p in m.parameters() if p.dim() >= 2]
     nodecay = [p for p in m.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": nodecay, "weight_decay": 0.0}],
@@ -189,7 +196,11 @@ def make(vocab, dev, compile_, seed=1337):
 def step(model, opt, train, gen, dev, it):
     for g in opt.param_groups:
         g["lr"] = lr_at(it)
-    x, y = batch(train, 64, 256, gen, dev)
+    if ARCH == "gpt2":  # random tokens of GPT-2's vocabulary, 16 sequences of 1024
+        ids = torch.randint(0, 50257, (16, 1025), generator=gen).to(dev, non_blocking=True)
+        x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    else:
+        x, y = batch(train, 64, 256, gen, dev)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = model(x, y)
     loss.backward()
@@ -207,6 +218,7 @@ def torch_runner(train, vocab, dev, compile_):
     state = {"it": 0}
 
     def run(n, warmup):
+        torch.cuda.reset_peak_memory_stats()
         ms = []
         for k in range(warmup + n):
             t0 = time.perf_counter()
@@ -215,6 +227,7 @@ def torch_runner(train, vocab, dev, compile_):
             state["it"] += 1
             if k >= warmup:
                 ms.append((time.perf_counter() - t0) * 1e3)
+        PEAK["compile" if compile_ else "eager"] = torch.cuda.max_memory_allocated()
         return statistics.median(ms)
 
     def profile(n, label):
@@ -267,11 +280,18 @@ def quality(train, val, vocab, dev, iters, seed=1337):
     return best, curve
 
 
+PEAK = {}  # ffn-train's peak tensor memory (bytes) of the last run, from its done line
+
+
 def time_ours(bin_, config, data, warmup, iters, run_dir):
-    args = [bin_, config, "--overwrite", "--quiet", "--set", f"run.dir={run_dir}", "--set", f"data.path={data}",
+    args = [bin_, config, "--overwrite", "--set", f"run.dir={run_dir}",
             "--set", f"train.iters={warmup + iters}", "--set", "run.eval_every=100000",
             "--set", "run.log_every=1", "--set", "run.eval_iters=1", "--set", "run.checkpoint_every=100000"]
-    subprocess.run(args, check=True)
+    args += ["--set", "data.kind=synthetic"] if ARCH == "gpt2" else ["--set", f"data.path={data}"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    m = re.search(r"peak memory ([0-9.]+) (B|KiB|MiB|GiB|TiB)", out)
+    if m:
+        PEAK["ours"] = float(m.group(1)) * 1024 ** ["B", "KiB", "MiB", "GiB", "TiB"].index(m.group(2))
     ms = []
     for line in open(os.path.join(run_dir, "metrics.jsonl")):
         r = json.loads(line)
@@ -285,8 +305,9 @@ def main():
     ap.add_argument("--ffn-train", required=True, help="path to the ffn-train binary")
     ap.add_argument("--config", help="default: configs/shakespeare_char.toml, or "
                     "configs/llama_char.toml with --arch llama")
-    ap.add_argument("--arch", default="gpt", choices=["gpt", "llama"],
-                    help="the PyTorch model: nanoGPT's GPT, or llama_char.toml's Llama")
+    ap.add_argument("--arch", default="gpt", choices=["gpt", "llama", "gpt2"],
+                    help="the models: shakespeare_char's GPT, llama_char.toml's Llama, or "
+                    "GPT-2 124M on random tokens (configs/gpt2_small.toml, B = 16, T = 1024)")
     ap.add_argument("--data", default="../shared/data/tinyshakespeare.txt")
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--iters", type=int, default=100)
@@ -301,9 +322,10 @@ def main():
     global ARCH
     ARCH = a.arch
     if not a.config:
-        a.config = "configs/llama_char.toml" if a.arch == "llama" else "configs/shakespeare_char.toml"
+        a.config = {"llama": "configs/llama_char.toml", "gpt2": "configs/gpt2_small.toml"}.get(
+            a.arch, "configs/shakespeare_char.toml")
     dev = "cuda"
-    train, val, vocab = load(a.data)
+    train, val, vocab = (None, None, 50257) if a.arch == "gpt2" else load(a.data)
     res = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "warmup": a.warmup, "iters": a.iters, "arch": a.arch,
            "config": a.config}
@@ -316,20 +338,28 @@ def main():
         return
     # Rounds alternate ours, eager, compiled (each after its own warm-up in round 1), so a
     # drift of the machine shows up in every column; the figures are medians over rounds.
-    eager, eager_prof = torch_runner(train, vocab, dev, False)
+    # gpt2: no eager model, so the compiled one is alone on the GPU and its peak memory is its
+    # own (the other configs keep both PyTorch models resident; their peaks include both).
+    with_eager = a.arch != "gpt2"
+    eager, eager_prof = torch_runner(train, vocab, dev, False) if with_eager else (None, None)
     comp, comp_prof = torch_runner(train, vocab, dev, True)
     rounds = []
     for r in range(a.repeat):
         w = a.warmup if r == 0 else 5
         o = time_ours(a.ffn_train, a.config, a.data, a.warmup, a.iters, a.run_dir)
-        e, c = eager(a.iters, w), comp(a.iters, w)
+        e = eager(a.iters, w) if with_eager else float("nan")
+        c = comp(a.iters, w)
         rounds.append({"ours_ms": o, "eager_ms": e, "compile_ms": c, "ours_over_compile": o / c})
         print(f"round {r + 1}: ours {o:.2f}, eager {e:.2f}, compile {c:.2f} ms/iter "
               f"(ours / compile {o / c:.3f})", file=sys.stderr)
     if a.profile:
-        eager_prof(a.profile, "eager")
+        if with_eager:
+            eager_prof(a.profile, "eager")
         comp_prof(a.profile, "compile")
     res["rounds"] = rounds
+    res["ours_peak_bytes"] = PEAK.get("ours")
+    res["eager_peak_bytes"], res["compile_peak_bytes"] = PEAK.get("eager"), PEAK.get("compile")
+    tokens = 16 * 1024 if a.arch == "gpt2" else 64 * 256
     for k in ("ours_ms", "eager_ms", "compile_ms"):
         res[k] = statistics.median(r[k] for r in rounds)
     res["ours_over_eager"] = res["ours_ms"] / res["eager_ms"]
@@ -337,12 +367,18 @@ def main():
     ratios = [r["ours_over_compile"] for r in rounds]
     if a.quality:
         res["torch_best_val"], res["torch_val_curve"] = quality(train, val, vocab, dev, a.quality)
-    label = "llama_char" if a.arch == "llama" else "shakespeare_char"
-    print(f"| {label} step ({res['device']}, {res['date']}) | ms/iter | ours / it |")
-    print("|---|---:|---:|")
-    print(f"| fused-ffn (ffn-train) | {res['ours_ms']:.2f} | 1.00 |")
-    print(f"| PyTorch eager | {res['eager_ms']:.2f} | {res['ours_over_eager']:.3f} |")
-    print(f"| PyTorch torch.compile | {res['compile_ms']:.2f} | {res['ours_over_compile']:.3f} |")
+    label = {"llama": "llama_char", "gpt2": "gpt2_small"}.get(a.arch, "shakespeare_char")
+    for k in ("ours", "eager", "compile"):
+        res[f"{k}_tok_s"] = tokens / (res[f"{k}_ms"] / 1e3)
+    gib = lambda b: f"{b / 2**30:.2f} GiB" if b else "?"
+    print(f"| {label} step ({res['device']}, {res['date']}) | ms/iter | tok/s | ours / it | peak memory |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| fused-ffn (ffn-train) | {res['ours_ms']:.2f} | {res['ours_tok_s'] / 1e3:.1f}k | 1.00 | "
+          f"{gib(res['ours_peak_bytes'])} |")
+    print(f"| PyTorch eager | {res['eager_ms']:.2f} | {res['eager_tok_s'] / 1e3:.1f}k | "
+          f"{res['ours_over_eager']:.3f} | {gib(res['eager_peak_bytes'])} |")
+    print(f"| PyTorch torch.compile | {res['compile_ms']:.2f} | {res['compile_tok_s'] / 1e3:.1f}k | "
+          f"{res['ours_over_compile']:.3f} | {gib(res['compile_peak_bytes'])} |")
     if a.repeat > 1:
         print(f"\nours / torch.compile per round: {', '.join(f'{x:.3f}' for x in ratios)} "
               f"(medians over {a.repeat} alternating rounds above)")

@@ -688,6 +688,7 @@ TrainResult Trainer::run() {
                                             static_cast<double>(s.buckets_total)
                                       : 0.0;
   res.ms_per_iter = s.progress->median_ms();
+  res.peak_bytes = memory_stats(s.dev).peak;
   if (res.ms_per_iter > 0)
     res.tokens_per_s = static_cast<double>(s.cfg.train.batch_size * s.cfg.train.grad_accum_steps *
                                            s.cfg.model.context) /
@@ -717,9 +718,10 @@ void Trainer::summarize(const TrainResult& res) const {
     return;
   }
   std::printf("done: %lld iters in %s | best val loss %.4f | median %.1f ms/iter (%s tok/s) | "
-              "%lld skipped steps | curve: %s/loss.svg\n",
+              "peak memory %s | %lld skipped steps | curve: %s/loss.svg\n",
               static_cast<long long>(s.end_iter), format_duration(secs).c_str(), res.best_val_loss,
               res.ms_per_iter, format_count(res.tokens_per_s).c_str(),
+              format_bytes(static_cast<double>(res.peak_bytes)).c_str(),
               static_cast<long long>(res.skipped_steps), s.run_dir.c_str());
 }
 

@@ -51,6 +51,7 @@ struct TrainResult {
   double first_val_loss = 0;  // at the first eval of this process
   double ms_per_iter = 0;     // median over this process's iterations
   double tokens_per_s = 0;
+  size_t peak_bytes = 0;  // the most memory live tensors held on the run's device at once
   int64_t skipped_steps = 0;
   int world = 1;
   double overlap_share = 0;  // buckets launched during backward / all buckets (world > 1)
