@@ -10,12 +10,20 @@ AdamW::AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWO
     : params_(std::move(named_params)), opt_(opt) {
   FFN_CHECK(opt.grad_clip >= 0, "[adamw] grad_clip must be >= 0, got ", opt.grad_clip);
   FFN_CHECK(opt.max_nonfinite_in_row >= 1, "[adamw] max_nonfinite_in_row must be >= 1");
-  for (auto& [name, p] : params_) {
+  FFN_CHECK(opt.update_only.empty() || opt.update_only.size() == params_.size(),
+            "[adamw] update_only has ", opt.update_only.size(), " entries for ", params_.size(),
+            " parameters");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, p] = params_[i];
     FFN_CHECK(p.defined() && p.requires_grad(), "[adamw] parameter ", name,
               " is undefined or does not require grad");
     const Tensor& w = p.value();
     AdamWSlot s;
     s.param = w;
+    if (!updates(i)) {  // another rank's (ZeRO-1): no state here
+      slots_.push_back(std::move(s));
+      continue;
+    }
     const DType acc = acc_dtype(w.dtype());
     s.m = Tensor::zeros(w.shape(), acc, w.device());
     s.v = Tensor::zeros(w.shape(), acc, w.device());
@@ -38,7 +46,7 @@ void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
     s.param = p.value();  // the layers may have replaced the tensor (e.g. Module::to)
     s.grad = p.grad().contiguous();
     grads.push_back(s.grad);
-    live.push_back(std::move(s));
+    if (updates(i)) live.push_back(std::move(s));
   }
   if (!decision_.defined()) {
     FFN_CHECK(!params_.empty(), "[adamw] no parameters to optimize");
@@ -53,7 +61,7 @@ void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
   adamw_decide(loss, sumsq, d, decision_);
   AdamWHyper h = opt_.hyper;
   h.lr = lr;
-  adamw_step(live, h, decision_);
+  if (!live.empty()) adamw_step(live, h, decision_);
   report_.start(decision_);
   in_flight_ = true;
 }
@@ -100,6 +108,7 @@ void AdamW::zero_grad() {
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (!updates(i)) continue;
     const std::string& n = params_[i].first;
     out.emplace_back(n + ".exp_avg", slots_[i].m);
     out.emplace_back(n + ".exp_avg_sq", slots_[i].v);

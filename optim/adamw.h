@@ -23,6 +23,10 @@ struct AdamWOptions {
   bool decay_matrices_only = true;  // weight decay on ≥2-D params only (not biases, LN)
   double grad_clip = 0.0;        // max global grad norm; 0 = off
   int max_nonfinite_in_row = 20; // abort after this many consecutive skipped steps
+  // ZeRO-1 (Note [ZeRO-1], train/dist/zero.h): update and keep state for parameter i only
+  // where update_only[i] (empty: all). Every gradient still counts in the global norm, the
+  // clip and the finite check, so every rank takes the same decision.
+  std::vector<bool> update_only;
 };
 
 struct StepReport {
@@ -55,13 +59,15 @@ class AdamW {
   const AdamWOptions& options() const { return opt_; }
 
   // The optimizer's state as named tensors (for checkpoints): "<param>.exp_avg",
-  // "<param>.exp_avg_sq" and, for 16-bit params, "<param>.master".
+  // "<param>.exp_avg_sq" and, for 16-bit params, "<param>.master"; with update_only, of the
+  // parameters this optimizer updates.
   std::vector<std::pair<std::string, Tensor>> state() const;
   // Counters for checkpoints: steps, skipped in total, skipped in a row (no step in flight).
   std::vector<int64_t> counters() const;
   void set_counters(const std::vector<int64_t>& c);
 
  private:
+  bool updates(size_t i) const { return opt_.update_only.empty() || opt_.update_only[i]; }
   std::vector<std::pair<std::string, Var>> params_;
   std::vector<AdamWSlot> slots_;
   AdamWOptions opt_;

@@ -1,7 +1,8 @@
 // tests/test_dist.cpp — data parallelism on the CPU: the bucketed gradient synchronizer and
 // its overlap with backward (through an in-process group of rank threads standing in for
-// NCCL), a 2-rank training run against a 1-process run, and the TCP rendezvous (stale
-// nonce rejected, missing peer times out). Part of test_train.
+// NCCL), a 2-rank training run against a 1-process run, ZeRO-1 against plain data
+// parallelism, and the TCP rendezvous (stale nonce rejected, missing peer times out). Part
+// of test_train.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,11 +13,13 @@
 #include <thread>
 
 #include "layers/transformer.h"
+#include "optim/adamw.h"
 #include "tests/test_util.h"
 #include "train/dist/comm.h"
 #include "train/config.h"
 #include "train/dist/ddp.h"
 #include "train/dist/dist.h"
+#include "train/dist/zero.h"
 #include "train/trainer.h"
 
 using namespace ffn;
@@ -171,6 +174,102 @@ TEST_CASE("2-rank resume is bit-exact: 6 + 6 iterations == 12 straight, dropout 
   for (const char* f : {"model.safetensors", "optim.safetensors"})
     CHECK_MESSAGE(slurp(root / "a" / "ckpt-12" / f) == slurp(root / "b" / "ckpt-12" / f), f);
   fs::remove_all(root);
+}
+
+TEST_CASE("ZeRO-1 owners: every parameter once, shards balanced, a function of the shapes") {
+  Generator init(1);
+  GPT model(small_gpt(), std::make_shared<Generator>(1), init);
+  const auto params = model.named_parameters();
+  for (int world : {1, 2, 3, 8}) {
+    const std::vector<int> owners = zero_owners(params, world);
+    REQUIRE(owners.size() == params.size());
+    std::vector<int64_t> load(static_cast<size_t>(world), 0);
+    int64_t largest = 0, total = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      REQUIRE(owners[i] >= 0);
+      REQUIRE(owners[i] < world);
+      load[static_cast<size_t>(owners[i])] += params[i].second.value().numel();
+      largest = std::max(largest, params[i].second.value().numel());
+      total += params[i].second.value().numel();
+    }
+    // Greedy largest-first: no shard exceeds the mean by more than the largest tensor.
+    for (int64_t l : load) CHECK(l <= total / world + largest);
+    CHECK(zero_owners(params, world) == owners);
+  }
+}
+
+TEST_CASE("ZeRO-1 on 2 ranks: the plain run's losses and files bit for bit; resume across modes") {
+  const fs::path root = fs::temp_directory_path() / ("ffn-zero-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  auto cfg = [&](const std::string& dir, int zero) {
+    return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
+                        {"run.dir=" + (root / dir).string(), "runtime.device=cpu", "train.iters=12",
+                         "run.eval_every=6", "run.eval_iters=2", "train.batch_size=8",
+                         "model.dropout=0.1", "run.log_every=1",
+                         "train.zero=" + std::to_string(zero)});
+  };
+  auto run2 = [&](const std::string& dir, int zero, int64_t stop_after, bool resume) {
+    auto group = make_thread_group(2);
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        TrainOptions o;
+        o.quiet = true;
+        o.comm = group[r].get();
+        o.stop_after = stop_after;
+        if (resume) o.resume = (root / dir).string();
+        run_training(cfg(dir, zero), o);
+      });
+    for (auto& t : ts) t.join();
+  };
+  run2("plain", 0, 0, false);
+  run2("zero", 1, 0, false);
+  run2("z2p", 1, 6, false);  // 6 iterations with ZeRO-1, then 6 without
+  run2("z2p", 0, 0, true);
+  run2("p2z", 0, 6, false);  // and the reverse
+  run2("p2z", 1, 0, true);
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  auto losses = [&](const std::string& dir) {
+    std::ifstream in(root / dir / "metrics.jsonl");
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l.substr(0, l.find("\"ms_per_iter\"")));
+    return out;
+  };
+  REQUIRE(losses("plain").size() == 15);
+  for (const char* dir : {"zero", "z2p", "p2z"}) {
+    CAPTURE(dir);
+    CHECK(losses(dir) == losses("plain"));
+    for (const char* f : {"model.safetensors", "optim.safetensors"})
+      CHECK_MESSAGE(slurp(root / dir / "ckpt-12" / f) == slurp(root / "plain" / "ckpt-12" / f), f);
+  }
+  fs::remove_all(root);
+}
+
+TEST_CASE("ZeRO-1 AdamW keeps state for its own parameters only, and shards cover the model") {
+  Generator init(2);
+  GPT model(small_gpt(), std::make_shared<Generator>(1), init);
+  const auto params = model.named_parameters();
+  const std::vector<int> owners = zero_owners(params, 2);
+  int64_t held = 0;
+  for (int r = 0; r < 2; ++r) {
+    AdamWOptions o;
+    for (int w : owners) o.update_only.push_back(w == r);
+    AdamW opt(params, o);
+    for (const auto& [n, t] : opt.state()) held += t.numel();
+  }
+  AdamW full(params, AdamWOptions{});
+  int64_t all = 0;
+  for (const auto& [n, t] : full.state()) all += t.numel();
+  CHECK(held == all);  // the two ranks' shards together hold exactly the full state
+  AdamWOptions bad;
+  bad.update_only = {true};
+  CHECK_THROWS_WITH_AS(AdamW(params, bad), doctest::Contains("[adamw] update_only has 1 entries"),
+                       Error);
 }
 
 TEST_CASE("rendezvous under torchrun: MASTER_PORT is torchrun's store, ours is the next port") {

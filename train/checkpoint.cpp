@@ -201,7 +201,8 @@ TrainState read_train_state(const std::string& dir) {
   return s;
 }
 
-void load_tensors_into(const std::string& file, const NamedTensors& into, bool allow_cast) {
+void load_tensors_into(const std::string& file, const NamedTensors& into, bool allow_cast,
+                       bool allow_extra) {
   NamedTensors stored = load_safetensors(file);
   std::map<std::string, Tensor> by_name;
   for (auto& [n, t] : stored) by_name[n] = t;
@@ -219,7 +220,7 @@ void load_tensors_into(const std::string& file, const NamedTensors& into, bool a
     d.copy_(src);
     by_name.erase(it);
   }
-  if (!by_name.empty())
+  if (!by_name.empty() && !allow_extra)
     FFN_THROW("[checkpoint] '", file, "' has ", by_name.size(), " tensors the model does not (e.g. '",
               by_name.begin()->first, "'): a different model config?");
 }

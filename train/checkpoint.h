@@ -62,7 +62,10 @@ void write_latest(const std::string& run_dir, const std::string& ckpt_name);
 std::string resolve_checkpoint(const std::string& path);
 TrainState read_train_state(const std::string& ckpt_dir);
 // Copies the stored tensors into `into` (same names, shapes; dtypes converted only from
-// the stored dtype when allow_cast). Missing, extra or mismatched tensors are errors.
-void load_tensors_into(const std::string& file, const NamedTensors& into, bool allow_cast = false);
+// the stored dtype when allow_cast). Missing, extra or mismatched tensors are errors;
+// allow_extra accepts stored tensors `into` does not name (a ZeRO-1 rank's part of the
+// optimizer state, Note [ZeRO-1]).
+void load_tensors_into(const std::string& file, const NamedTensors& into, bool allow_cast = false,
+                       bool allow_extra = false);
 
 }  // namespace ffn::train

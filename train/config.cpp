@@ -189,6 +189,7 @@ std::vector<Field> fields(Config& c) {
       bool_field("model.tie_embeddings", c.model.tie_embeddings),
       int_field("train.batch_size", c.train.batch_size, 1, ">= 1"),
       int_field("train.grad_accum_steps", c.train.grad_accum_steps, 1, ">= 1"),
+      int_field("train.zero", c.train.zero, 0, "0 or 1"),
       int_field("train.iters", c.train.iters, 1, ">= 1"),
       num_field("train.lr", c.train.lr, pos, "> 0"),
       num_field("train.min_lr", c.train.min_lr, nonneg, ">= 0"),
@@ -226,6 +227,9 @@ void cross_check(const Config& c) {
       config_error("model.heads: rotary embeddings need an even head size, d_model / heads = " +
                    std::to_string(c.model.d_model / c.model.heads));
   }
+  if (c.train.zero > 1)
+    config_error("train.zero: " + std::to_string(c.train.zero) +
+                 " is not a ZeRO stage this trainer has (0: off, 1: sharded optimizer state)");
   if (c.train.batch_size % c.runtime.nproc != 0)
     config_error("train.batch_size: the global batch " + std::to_string(c.train.batch_size) +
                  " is not divisible by runtime.nproc=" + std::to_string(c.runtime.nproc));
@@ -382,6 +386,7 @@ const std::map<std::string, std::string>& key_docs() {
       {"model.tie_embeddings", "LM head tied to the token embedding (false: its own)"},
       {"train.batch_size", "sequences per micro-batch, over all GPUs"},
       {"train.grad_accum_steps", "micro-batches per optimizer step (gradients summed in fp32)"},
+      {"train.zero", "1: ZeRO-1, AdamW's state sharded over the data-parallel ranks"},
       {"train.iters", "optimizer steps"},
       {"train.lr", "peak learning rate"},
       {"train.min_lr", "learning rate at the end of the decay"},

@@ -89,6 +89,7 @@ struct ModelSection {
 struct TrainSection {
   int64_t batch_size = 16;  // global batch of one micro-batch (sequences, over all GPUs)
   int64_t grad_accum_steps = 1;  // micro-batches per optimizer step (Note [Gradient accumulation])
+  int64_t zero = 0;  // 1: ZeRO-1, the optimizer state sharded over the ranks (Note [ZeRO-1])
   int64_t iters = 300;
   double lr = 1e-3;
   double min_lr = 1e-4;

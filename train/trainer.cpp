@@ -26,6 +26,7 @@
 #include "train/data.h"
 #include "train/dist/ddp.h"
 #include "train/dist/dist.h"
+#include "train/dist/zero.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
@@ -164,6 +165,7 @@ struct Trainer::State {
   std::unique_ptr<AdamW> optim;
   std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<GradSync> sync;
+  std::unique_ptr<ZeroShards> zero;  // train.zero = 1 under data parallelism (Note [ZeRO-1])
   // Note [Gradient accumulation]: fp32 sums of the earlier micro-batches' gradients.
   std::vector<Tensor> grad_acc;
   std::unordered_map<const VarImpl*, size_t> param_index;
@@ -341,7 +343,13 @@ void Trainer::build() {
   ao.grad_clip = c.train.grad_clip;
   ao.max_nonfinite_in_row = static_cast<int>(c.train.max_nonfinite);
   s.params = s.model->named_parameters();
+  std::vector<int> owners;
+  if (c.train.zero == 1 && s.world > 1) {
+    owners = zero_owners(s.params, s.world);
+    for (int o : owners) ao.update_only.push_back(o == s.rank);
+  }
   s.optim = std::make_unique<AdamW>(s.params, ao);
+  if (!owners.empty()) s.zero = std::make_unique<ZeroShards>(s.params, owners, *s.comm);
   s.scaler = std::make_unique<LossScaler>(s.dt == DType::f16);
   if (s.world > 1) s.sync = std::make_unique<GradSync>(s.params, *s.comm, s.opt.bucket_mb << 20);
   if (c.train.grad_accum_steps > 1)
@@ -373,7 +381,8 @@ void Trainer::restore() {
     load_tensors_into((fs::path(s.resume_dir) / "model.safetensors").string(),
                       s.model->stored_view(values_of(s.params)));
     load_tensors_into((fs::path(s.resume_dir) / "optim.safetensors").string(),
-                      s.model->stored_view(s.optim->state()));
+                      s.model->stored_view(s.optim->state()), /*allow_cast=*/false,
+                      /*allow_extra=*/s.zero != nullptr);  // a ZeRO-1 rank loads its part
     s.optim->set_counters(st.optim_counters);
     if (s.scaler->enabled()) s.scaler->set_state(st.loss_scaler);
     s.rng->set_offset(st.rng_offset);
@@ -429,6 +438,12 @@ void Trainer::announce() const {
     s.progress->line("resumed from " + s.resume_dir + " at iter " + std::to_string(s.start_iter));
   if (!s.branch.empty())
     s.progress->line("resumed from an older checkpoint: the newer ones moved to " + s.branch);
+  if (s.zero)
+    s.progress->line("ZeRO-1: AdamW's state sharded over " + std::to_string(s.world) +
+                     " ranks; rank 0 updates " +
+                     format_count(static_cast<double>(s.zero->owned_numel())) + " of " +
+                     format_count(static_cast<double>(s.model->num_parameters())) +
+                     " parameters (Note [ZeRO-1])");
 }
 
 // --init-from: the weights of a file in any layout (Note [Weight layouts]), checked against
@@ -475,8 +490,12 @@ std::map<std::string, std::string> Trainer::resolved_values() const {
   return {{"runtime.device", s.dev.str()}, {"runtime.precision", dtype_name(s.dt)}};
 }
 
+// Every rank calls it at the same iterations: under ZeRO-1 the optimizer state is first
+// gathered from its owners (a collective); rank 0 writes.
 std::string Trainer::checkpoint(int64_t done) {
   State& s = *s_;
+  const NamedTensors optim = s.zero ? s.zero->gather_state(s.optim->state()) : s.optim->state();
+  s.last_checkpoint_iter = done;
   if (!s.lead) return {};
   TrainState t;
   t.iter = done;
@@ -489,10 +508,8 @@ std::string Trainer::checkpoint(int64_t done) {
   t.world = s.world;
   t.vocab = s.data.chars;
   s.last_checkpoint = save_checkpoint(
-      s.run_dir, t, s.model->stored_view(values_of(s.params)),
-      s.model->stored_view(s.optim->state()), s.cfg.to_toml(resolved_values()),
-      s.cfg.run.keep_checkpoints);
-  s.last_checkpoint_iter = done;
+      s.run_dir, t, s.model->stored_view(values_of(s.params)), s.model->stored_view(optim),
+      s.cfg.to_toml(resolved_values()), s.cfg.run.keep_checkpoints);
   return s.last_checkpoint;
 }
 
@@ -620,6 +637,7 @@ void Trainer::step(int64_t it) {
   }
   if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
   s.optim->launch(lr, lt, s.scaler->scale());
+  if (s.zero) s.zero->broadcast_params();  // Note [ZeRO-1]: each owner's update to all
   s.optim->zero_grad();
   const int64_t done = it + 1;
   // A step whose outcome nothing needs before the next step is queued is finished one
