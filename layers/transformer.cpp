@@ -9,17 +9,24 @@
 
 namespace ffn {
 
+namespace {
+// N(0, std) rows drawn as for a [num, dim] table, then zero rows up to `rows` (Note [Padded
+// vocabulary]).
+Tensor padded_randn(int64_t num, int64_t dim, int64_t rows, double std, const ParamInit& place,
+                    Generator& init) {
+  Tensor w = Tensor::randn({num, dim}, init, place.dtype, place.device, 0.0, std);
+  if (rows <= num) return w;
+  Tensor padded = Tensor::zeros({rows, dim}, place.dtype, place.device);
+  padded.narrow(0, 0, num).copy_(w);
+  return padded;
+}
+}  // namespace
+
 Embedding::Embedding(int64_t num, int64_t dim, double init_std, const ParamInit& place,
                      Generator& init, int64_t rows)
     : num_(num) {
   FFN_CHECK(num > 0 && dim > 0, "[embedding] num=", num, " and dim=", dim, " must be > 0");
-  Tensor w = Tensor::randn({num, dim}, init, place.dtype, place.device, 0.0, init_std);
-  if (rows > num) {
-    Tensor padded = Tensor::zeros({rows, dim}, place.dtype, place.device);
-    padded.narrow(0, 0, num).copy_(w);
-    w = padded;
-  }
-  w_ = register_parameter("weight", w);
+  w_ = register_parameter("weight", padded_randn(num, dim, rows, init_std, place, init));
 }
 
 Var Embedding::forward(const Tensor& ids, bool check_ids) {
@@ -39,13 +46,19 @@ LayerNorm::LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps)
   if (bias) b_ = register_parameter("bias", Tensor::zeros({dim}, place.dtype, place.device));
 }
 
+namespace {
+// A norm's input: [..., dim], in the weight's dtype or the fp32 stream of a 16-bit model.
+void check_norm_input(const Tensor& x, int64_t dim, const Tensor& w, const char* op) {
+  FFN_CHECK(x.dim() >= 1 && x.size(-1) == dim, "[", op, "] x.shape[-1]=", x.dim() ? x.size(-1) : 0,
+            " != dim=", dim, " (x.shape=", shape_str(x.shape()), ")");
+  if (!(is_half(w.dtype()) && x.dtype() == acc_dtype(w.dtype())))
+    check_same_dtype(x, w, op, "x", "weight");
+  check_same_device(x, w, op, "x", "weight");
+}
+}  // namespace
+
 void LayerNorm::check_input(const Tensor& x) const {
-  FFN_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "[layer_norm] x.shape[-1]=",
-            x.dim() ? x.size(-1) : 0, " != dim=", dim_, " (x.shape=", shape_str(x.shape()), ")");
-  const DType wd = w_.value().dtype();
-  if (!(is_half(wd) && x.dtype() == acc_dtype(wd)))  // the fp32 stream of a 16-bit model
-    check_same_dtype(x, w_.value(), "layer_norm", "x", "weight");
-  check_same_device(x, w_.value(), "layer_norm", "x", "weight");
+  check_norm_input(x, dim_, w_.value(), "layer_norm");
 }
 
 Var LayerNorm::forward_impl(const Var& x) {
@@ -58,12 +71,7 @@ RMSNorm::RMSNorm(int64_t dim, const ParamInit& place, double eps) : dim_(dim), e
 }
 
 void RMSNorm::check_input(const Tensor& x) const {
-  FFN_CHECK(x.dim() >= 1 && x.size(-1) == dim_, "[rms_norm] x.shape[-1]=",
-            x.dim() ? x.size(-1) : 0, " != dim=", dim_, " (x.shape=", shape_str(x.shape()), ")");
-  const DType wd = w_.value().dtype();
-  if (!(is_half(wd) && x.dtype() == acc_dtype(wd)))  // the fp32 stream of a 16-bit model
-    check_same_dtype(x, w_.value(), "rms_norm", "x", "weight");
-  check_same_device(x, w_.value(), "rms_norm", "x", "weight");
+  check_norm_input(x, dim_, w_.value(), "rms_norm");
 }
 
 Var RMSNorm::forward_impl(const Var& x) {
@@ -197,17 +205,10 @@ GPT::GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
     ln_f_ = std::make_unique<LayerNorm>(cfg.d_model, cfg.bias, cfg.place);
     register_module("ln_f", *ln_f_);
   }
-  if (!cfg.tie_embeddings) {  // drawn like the embedding, padding rows zero
-    Tensor w = Tensor::randn({cfg.vocab_size, cfg.d_model}, init, cfg.place.dtype, cfg.place.device,
-                             0.0, cfg.init_std);
-    if (cfg.padded_vocab() > cfg.vocab_size) {
-      Tensor padded = Tensor::zeros({cfg.padded_vocab(), cfg.d_model}, cfg.place.dtype,
-                                    cfg.place.device);
-      padded.narrow(0, 0, cfg.vocab_size).copy_(w);
-      w = padded;
-    }
-    lm_head_ = register_parameter("lm_head.weight", w);
-  }
+  if (!cfg.tie_embeddings)  // drawn like the embedding, padding rows zero
+    lm_head_ = register_parameter("lm_head.weight",
+                                  padded_randn(cfg.vocab_size, cfg.d_model, cfg.padded_vocab(),
+                                               cfg.init_std, cfg.place, init));
   // GPT-2: the projections into the residual stream start smaller (1/√(2·layers)); the
   // llama blocks draw o_proj and down_proj that way themselves.
   if (!llama)

@@ -25,6 +25,7 @@
 using namespace ffn;
 using namespace ffn::train;
 namespace fs = std::filesystem;
+using ffn::test::slurp;
 
 namespace {
 
@@ -38,6 +39,31 @@ GptConfig small_gpt() {
   c.init_std = 0.3;
   c.place = ParamInit{DType::f64, Device::cpu()};
   return c;
+}
+
+// `cfg` trained by two in-process ranks (quiet), stopping after `stop_after` iterations (0:
+// the end), resuming `resume` when it is not empty.
+void run_two_ranks(const Config& cfg, int64_t stop_after, const std::string& resume) {
+  auto group = make_thread_group(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      TrainOptions o;
+      o.quiet = true;
+      o.comm = group[r].get();
+      o.stop_after = stop_after;
+      o.resume = resume;
+      run_training(cfg, o);
+    });
+  for (auto& t : ts) t.join();
+}
+
+// A run's metrics.jsonl lines without their timings (equal for bit-equal runs).
+std::vector<std::string> metric_lines(const fs::path& run) {
+  std::ifstream in(run / "metrics.jsonl");
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l.substr(0, l.find("\"ms_per_iter\"")));
+  return out;
 }
 
 Tensor ids(int64_t b, int64_t t, int shift) {
@@ -141,34 +167,12 @@ TEST_CASE("2-rank resume is bit-exact: 6 + 6 iterations == 12 straight, dropout 
                          "model.dropout=0.1", "run.log_every=1"});
   };
   auto run2 = [&](const std::string& dir, int64_t stop_after, bool resume) {
-    auto group = make_thread_group(2);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < 2; ++r)
-      ts.emplace_back([&, r] {
-        TrainOptions o;
-        o.quiet = true;
-        o.comm = group[r].get();
-        o.stop_after = stop_after;
-        if (resume) o.resume = (root / dir).string();
-        run_training(cfg(dir), o);
-      });
-    for (auto& t : ts) t.join();
+    run_two_ranks(cfg(dir), stop_after, resume ? (root / dir).string() : "");
   };
   run2("a", 0, false);
   run2("b", 6, false);
   run2("b", 0, true);
-  auto slurp = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-  };
-  auto losses = [&](const std::string& dir) {
-    std::ifstream in(root / dir / "metrics.jsonl");
-    std::vector<std::string> out;
-    for (std::string l; std::getline(in, l);) out.push_back(l.substr(0, l.find("\"ms_per_iter\"")));
-    return out;
-  };
+  auto losses = [&](const std::string& dir) { return metric_lines(root / dir); };
   CHECK(losses("a").size() == 15);  // 12 train lines + 3 evals
   CHECK(losses("a") == losses("b"));
   for (const char* f : {"model.safetensors", "optim.safetensors"})
@@ -209,18 +213,7 @@ TEST_CASE("ZeRO-1 on 2 ranks: the plain run's losses and files bit for bit; resu
                          "train.zero=" + std::to_string(zero)});
   };
   auto run2 = [&](const std::string& dir, int zero, int64_t stop_after, bool resume) {
-    auto group = make_thread_group(2);
-    std::vector<std::thread> ts;
-    for (int r = 0; r < 2; ++r)
-      ts.emplace_back([&, r] {
-        TrainOptions o;
-        o.quiet = true;
-        o.comm = group[r].get();
-        o.stop_after = stop_after;
-        if (resume) o.resume = (root / dir).string();
-        run_training(cfg(dir, zero), o);
-      });
-    for (auto& t : ts) t.join();
+    run_two_ranks(cfg(dir, zero), stop_after, resume ? (root / dir).string() : "");
   };
   run2("plain", 0, 0, false);
   run2("zero", 1, 0, false);
@@ -228,18 +221,7 @@ TEST_CASE("ZeRO-1 on 2 ranks: the plain run's losses and files bit for bit; resu
   run2("z2p", 0, 0, true);
   run2("p2z", 0, 6, false);  // and the reverse
   run2("p2z", 1, 0, true);
-  auto slurp = [](const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
-  };
-  auto losses = [&](const std::string& dir) {
-    std::ifstream in(root / dir / "metrics.jsonl");
-    std::vector<std::string> out;
-    for (std::string l; std::getline(in, l);) out.push_back(l.substr(0, l.find("\"ms_per_iter\"")));
-    return out;
-  };
+  auto losses = [&](const std::string& dir) { return metric_lines(root / dir); };
   REQUIRE(losses("plain").size() == 15);
   for (const char* dir : {"zero", "z2p", "p2z"}) {
     CAPTURE(dir);

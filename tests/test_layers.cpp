@@ -354,6 +354,20 @@ GptConfig tiny_gpt(FfnKind ffn, float dropout, DType dt = DType::f64, Device dev
 Tensor token_ids(const std::vector<double>& v, int64_t b, int64_t t, Device d = Device::cpu()) {
   return Tensor::from_vector(v, {b, t}, DType::i32, d);
 }
+// FD checks of a model's loss on (x, y) against every parameter. The loss must be a pure
+// function of the parameters: each evaluation replays the same dropout streams.
+void gradcheck_model(const GptConfig& c, const Tensor& x, const Tensor& y) {
+  Generator init(3);
+  auto rng = std::make_shared<Generator>(9);
+  GPT model(c, rng, init);
+  const uint64_t off = rng->offset();
+  gradcheck_vars(
+      [&]() {
+        rng->set_offset(off);
+        return model.loss(x, y);
+      },
+      model.parameters());
+}
 }  // namespace
 
 TEST_CASE("a 2-layer GPT passes finite-difference checks end to end (all parameters)") {
@@ -361,19 +375,9 @@ TEST_CASE("a 2-layer GPT passes finite-difference checks end to end (all paramet
   const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
   for (FfnKind k : {FfnKind::gelu, FfnKind::swiglu})
     for (float p : {0.0f, 0.1f}) {
-      Generator init(3);
-      auto rng = std::make_shared<Generator>(9);
-      GPT model(tiny_gpt(k, p), rng, init);
       CAPTURE(name_of(kFfnKindNames, k));
       CAPTURE(p);
-      // The loss must be a pure function of the parameters: replay the same dropout streams.
-      const uint64_t off = rng->offset();
-      gradcheck_vars(
-          [&]() {
-            rng->set_offset(off);
-            return model.loss(x, y);
-          },
-          model.parameters());
+      gradcheck_model(tiny_gpt(k, p), x, y);
     }
 }
 
@@ -483,16 +487,7 @@ TEST_CASE("Llama arch (RMSNorm, RoPE, GQA, SwiGLU, untied padded head): FD check
   const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
   for (int64_t kv : {4, 2, 1}) {
     CAPTURE(kv);
-    Generator init(3);
-    auto rng = std::make_shared<Generator>(9);
-    GPT model(tiny_llama(kv), rng, init);
-    const uint64_t off = rng->offset();
-    gradcheck_vars(
-        [&]() {
-          rng->set_offset(off);
-          return model.loss(x, y);
-        },
-        model.parameters());
+    gradcheck_model(tiny_llama(kv), x, y);
   }
   Generator init(4);
   GPT model(tiny_llama(2), std::make_shared<Generator>(1), init);
@@ -550,12 +545,17 @@ TEST_CASE("Llama GQA equals multi-head attention with each key/value head repeat
         doctest::Approx(mha.loss(x, y).value().item()).epsilon(1e-14));
 }
 
-FFN_GPU_TEST("Llama arch on the GPU (f32) matches the CPU: loss and every gradient") {
+namespace {
+// The same model on the CPU and the GPU (f32, the CPU's initial weights copied over): the loss
+// within 1e-5, every gradient within the fp32 rule.
+void check_gpu_matches_cpu(const GptConfig& cpu_cfg, const GptConfig& gpu_cfg,
+                           const std::string& what) {
   const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
   const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
   Generator i1(3), i2(3);
-  GPT cpu(tiny_llama(2, DType::f32), std::make_shared<Generator>(9), i1);
-  GPT gpu(tiny_llama(2, DType::f32, Device::cuda(0)), std::make_shared<Generator>(9), i2);
+  GPT cpu(cpu_cfg, std::make_shared<Generator>(9), i1);
+  GPT gpu(gpu_cfg, std::make_shared<Generator>(9), i2);
+  // Same initial weights (device-side randn may differ in the last bit).
   auto cp = cpu.parameters(), gp = gpu.parameters();
   for (size_t i = 0; i < cp.size(); ++i) gp[i].mutable_value().copy_(cp[i].value());
   Var lc = cpu.loss(x, y), lg = gpu.loss(x.to(Device::cuda(0)), y.to(Device::cuda(0)));
@@ -564,26 +564,18 @@ FFN_GPU_TEST("Llama arch on the GPU (f32) matches the CPU: loss and every gradie
   CHECK(lg.value().item() == doctest::Approx(lc.value().item()).epsilon(1e-5));
   for (size_t i = 0; i < cp.size(); ++i)
     ffn::test::check_close(gp[i].grad().to(Device::cpu()), cp[i].grad(), 1e-5, 1e-3,
-                           "llama grad of parameter " + std::to_string(i));
+                           what + " grad of parameter " + std::to_string(i));
+}
+}  // namespace
+
+FFN_GPU_TEST("Llama arch on the GPU (f32) matches the CPU: loss and every gradient") {
+  check_gpu_matches_cpu(tiny_llama(2, DType::f32), tiny_llama(2, DType::f32, Device::cuda(0)),
+                        "llama");
 }
 
 FFN_GPU_TEST("GPT on the GPU (f32) matches the CPU: loss and every gradient") {
-  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
-  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
-  for (float p : {0.0f, 0.1f}) {
-    Generator i1(3), i2(3);
-    GPT cpu(tiny_gpt(FfnKind::geglu, p, DType::f32), std::make_shared<Generator>(9), i1);
-    GPT gpu(tiny_gpt(FfnKind::geglu, p, DType::f32, Device::cuda(0)),
-            std::make_shared<Generator>(9), i2);
-    // Same initial weights (device-side randn may differ in the last bit).
-    auto cp = cpu.parameters(), gp = gpu.parameters();
-    for (size_t i = 0; i < cp.size(); ++i) gp[i].mutable_value().copy_(cp[i].value());
-    Var lc = cpu.loss(x, y), lg = gpu.loss(x.to(Device::cuda(0)), y.to(Device::cuda(0)));
-    lc.backward();
-    lg.backward();
-    CHECK(lg.value().item() == doctest::Approx(lc.value().item()).epsilon(1e-5));
-    for (size_t i = 0; i < cp.size(); ++i)
-      ffn::test::check_close(gp[i].grad().to(Device::cpu()), cp[i].grad(), 1e-5, 1e-3,
-                             "grad of parameter " + std::to_string(i));
-  }
+  for (float p : {0.0f, 0.1f})
+    check_gpu_matches_cpu(tiny_gpt(FfnKind::geglu, p, DType::f32),
+                          tiny_gpt(FfnKind::geglu, p, DType::f32, Device::cuda(0)),
+                          "gpt p=" + std::to_string(p));
 }

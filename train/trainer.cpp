@@ -438,12 +438,22 @@ void Trainer::announce() const {
     s.progress->line("resumed from " + s.resume_dir + " at iter " + std::to_string(s.start_iter));
   if (!s.branch.empty())
     s.progress->line("resumed from an older checkpoint: the newer ones moved to " + s.branch);
-  if (s.zero)
+  if (s.zero) {
+    double held = 0, full = 0;  // optimizer state bytes: this rank's, and without ZeRO
+    for (const auto& [n, t] : s.optim->state()) held += static_cast<double>(t.nbytes());
+    for (const auto& [n, v] : s.params) {
+      const Tensor& p = v.value();
+      full += static_cast<double>(p.numel()) *
+              (2.0 * static_cast<double>(dtype_size(acc_dtype(p.dtype()))) +
+               (is_half(p.dtype()) ? 4.0 : 0.0));
+    }
     s.progress->line("ZeRO-1: AdamW's state sharded over " + std::to_string(s.world) +
                      " ranks; rank 0 updates " +
                      format_count(static_cast<double>(s.zero->owned_numel())) + " of " +
                      format_count(static_cast<double>(s.model->num_parameters())) +
-                     " parameters (Note [ZeRO-1])");
+                     " parameters and holds " + format_bytes(held) + " of optimizer state (" +
+                     format_bytes(full) + " without ZeRO; Note [ZeRO-1])");
+  }
 }
 
 // --init-from: the weights of a file in any layout (Note [Weight layouts]), checked against

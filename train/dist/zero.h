@@ -13,7 +13,11 @@
 //     world size (12 of the 14 bytes per bf16 parameter are state);
 //   - then every owner broadcasts its updated parameters (one flat buffer per owner and
 //     dtype, ZeroShards::broadcast_params), so all ranks hold the same weights again. The
-//     bytes moved equal an all-gather of the parameters.
+//     bytes moved equal an all-gather of the parameters, on top of the gradients'
+//     all-reduce: 1.5× the communication of plain data parallelism, where reduce-scattering
+//     the gradients (each rank needs only its shard's) would keep it at 1×. That variant
+//     needs shards that split parameters (a flat layout over rank boundaries) and is the
+//     next step; this one shards whole parameters and leaves GradSync as it is.
 // The arithmetic of every update is the one without ZeRO, so a ZeRO run's losses and weights
 // equal the plain data-parallel run's bit for bit. Checkpoints gather the shards
 // (gather_state) into exactly the files a run without ZeRO writes; a resume loads each rank's
