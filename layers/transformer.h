@@ -1,7 +1,9 @@
-// layers/transformer.h — the pieces of a GPT: Embedding, LayerNorm, CausalSelfAttention,
-// TransformerBlock (pre-LN, FeedForward or GatedFeedForward) and GPT with tied input/output
-// embeddings. Parameter names follow nanoGPT's (wte, wpe, h.N.ln_1, h.N.attn.c_attn, …) so
-// checkpoints read naturally next to PyTorch ones.
+// layers/transformer.h — the pieces of a GPT: Embedding, LayerNorm, RMSNorm,
+// CausalSelfAttention, TransformerBlock (pre-LN, FeedForward or GatedFeedForward) and GPT, the
+// whole model (arch gpt, or llama with the blocks of layers/llama.h), its LM head tied to the
+// token embedding or not. Parameter names follow nanoGPT's for gpt (wte, wpe, h.N.ln_1,
+// h.N.attn.c_attn, …) and HuggingFace Llama's for llama, so checkpoints read naturally next
+// to PyTorch ones.
 #pragma once
 
 #include <memory>
@@ -87,10 +89,11 @@ class CausalSelfAttention : public Layer {
 
 // Note [Padded vocabulary]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
-// The token embedding (tied to the LM head) has padded_vocab() = vocab_size rounded up to
-// a multiple of vocab_pad_to rows (llm.c's Vp), so the LM-head GEMMs and the cross-entropy
-// run on aligned widths: 50257 → 50304 for GPT-2 (a 38% faster step on an H100,
-// bench/RESULTS.md). vocab_size stays the model's vocabulary:
+// The token embedding and the LM head (tied or not) have padded_vocab() = vocab_size rounded
+// up to a multiple of vocab_pad_to rows (llm.c's Vp), so the LM-head GEMMs and the
+// cross-entropy run on aligned widths: 50257 → 50304 for GPT-2, whose step then takes 37%
+// less time on an H100 (67.3 → 42.2 ms, bench/RESULTS.md session 8). vocab_size stays the
+// model's vocabulary:
 //   - the padding rows start at zero and stay zero: no id looks them up, and their logits
 //     are left out of the softmax (fn::cross_entropy's `classes`), so their gradient is 0
 //     and AdamW (weight decay included) leaves them at 0;
@@ -100,6 +103,7 @@ class CausalSelfAttention : public Layer {
 //     run resumes with any vocab_pad_to.
 // The first vocab_size rows are drawn exactly as for an unpadded table: padding changes
 // no initial weight and no loss beyond GEMM rounding.
+
 // model.arch: "gpt" (LayerNorm, learned positions, wte/h.N/ln_f names: nanoGPT's) or
 // "llama" (RMSNorm, rotary embeddings, gated MLP, no biases, HF Llama's names; layers/llama.h).
 enum class Arch : uint8_t { gpt, llama };
