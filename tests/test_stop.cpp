@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "tests/test_util.h"
+#include "tests/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/dist/comm.h"
@@ -37,10 +38,7 @@ using ffn::test::temp_dir;
 namespace {
 
 Config tiny(const fs::path& dir, int64_t iters) {
-  return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
-                      {"run.dir=" + dir.string(), "train.iters=" + std::to_string(iters),
-                       "runtime.device=cpu", "run.eval_every=4", "run.eval_iters=2",
-                       "run.log_every=1", "model.dropout=0.1", "train.batch_size=4"});
+  return ffn::test::tiny_run(dir, iters, {"model.dropout=0.1"});
 }
 
 // metrics.jsonl lines holding `key`, without the timing fields.

@@ -10,6 +10,7 @@
 
 #include "optim/adamw.h"
 #include "tests/test_util.h"
+#include "tests/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -318,10 +319,7 @@ TEST_CASE("a checkpoint file replaced by a valid but different safetensors file 
 
 namespace {
 Config tiny_config(const std::string& dir, int64_t iters) {
-  return Config::parse(slurp(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml"), "tiny.toml",
-                       {"run.dir=" + dir, "train.iters=" + std::to_string(iters),
-                        "runtime.device=cpu", "run.eval_every=4", "run.eval_iters=2",
-                        "run.log_every=1", "model.dropout=0.1", "train.batch_size=4"});
+  return ffn::test::tiny_run(dir, iters, {"model.dropout=0.1"});
 }
 std::vector<std::string> metric_lines(const std::string& dir, const char* key) {
   std::ifstream in(fs::path(dir) / "metrics.jsonl");

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "tests/test_util.h"
+#include "tests/train_test_util.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/io/safetensors.h"
@@ -26,10 +27,7 @@ using ffn::test::temp_dir;
 namespace {
 
 Config tiny(const fs::path& dir, int64_t iters) {
-  return Config::load(std::string(FFN_SOURCE_DIR) + "/configs/tiny.toml",
-                      {"run.dir=" + dir.string(), "train.iters=" + std::to_string(iters),
-                       "runtime.device=cpu", "run.eval_every=4", "run.eval_iters=2",
-                       "run.log_every=1", "train.batch_size=4"});
+  return ffn::test::tiny_run(dir, iters);
 }
 
 TrainOptions quiet() {
