@@ -20,6 +20,7 @@
 #include "train/config.h"
 #include "train/io/safetensors.h"
 #include "train/trainer.h"
+#include "train/programs/cli_checks.h"
 #include "train/weights.h"
 
 int main(int argc, char** argv) {
@@ -44,13 +45,8 @@ int main(int argc, char** argv) {
   app.add_option("--layout", layout, "Layout of the gradients: hf-gpt2, nanogpt or ffn");
   std::vector<std::string> sets;
   app.add_option("--set", sets, "KEY=VALUE config overrides (e.g. model.vocab_size=65)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  try {
+  return run_program(app, argc, argv, "ffn-gpt-grads", /*newline=*/false,
+                     [&]() -> int {
     const Config cfg = Config::load(config, sets);
     FFN_CHECK(cfg.model.vocab_size > 0, "[ffn-gpt-grads] the config needs model.vocab_size");
     FFN_CHECK(precision == "fp32" || precision == "bf16",
@@ -106,11 +102,5 @@ int main(int argc, char** argv) {
                 dtype_name(dt), dev.str().c_str(), static_cast<long long>(batch),
                 static_cast<long long>(seq), loss.value().item(), out.c_str());
     return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return e.kind() == ErrorKind::config ? 2 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[ffn-gpt-grads] %s\n", e.what());
-    return 1;
-  }
+  });
 }

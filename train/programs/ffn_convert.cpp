@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "train/config.h"
 #include "train/io/safetensors.h"
+#include "train/programs/cli_checks.h"
 #include "train/weights.h"
 
 int main(int argc, char** argv) {
@@ -23,13 +24,8 @@ int main(int argc, char** argv) {
   app.add_option("src", src, "Run directory, ckpt-* directory or .safetensors file")->required();
   app.add_option("dst", dst, "The .safetensors file to write")->required();
   app.add_option("--to", to, "Target layout: hf-gpt2, nanogpt or ffn")->required();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  try {
+  return ffn::train::run_program(app, argc, argv, "ffn-convert", /*newline=*/false,
+                                 [&]() -> int {
     const WeightLayout target = parse_weight_layout(to);
     std::string file;
     const NamedTensors in = read_weights(src, &file);
@@ -40,11 +36,5 @@ int main(int argc, char** argv) {
                 weight_layout_name(from), in.size(), dst.c_str(), weight_layout_name(target),
                 out.size());
     return 0;
-  } catch (const ffn::Error& e) {
-    std::fprintf(stderr, "ffn-convert: error: %s\n", e.what());
-    return e.kind() == ffn::ErrorKind::config ? 2 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ffn-convert: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -92,13 +92,8 @@ int main(int argc, char** argv) {
       ->check(train::integer_at_least(0));
   app.add_option("--seed", seed, "Sampling seed");
   app.add_option("--device", device, "auto | cpu | cuda[:N]");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  try {
+  return train::run_program(app, argc, argv, "ffn-sample", /*newline=*/true,
+                            [&]() -> int {
     const std::string dir = train::resolve_checkpoint(run);
     const train::TrainState st = train::read_train_state(dir);
     const train::Config cfg = train::Config::load((fs::path(dir) / "config.toml").string());
@@ -124,11 +119,5 @@ int main(int argc, char** argv) {
     sample(model, g, st.vocab, ids, tokens, temperature, top_k, seed, dev);
     std::fputs("\n", stdout);
     return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "\nffn-sample: error: %s\n", e.what());
-    return e.kind() == ErrorKind::config ? 2 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nffn-sample: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   app.add_option("--init-from", init_from,
                  "Start a new run from these weights: a run or ckpt-* directory or a "
                  ".safetensors file in our, HuggingFace GPT-2's or nanoGPT's layout (see "
-                 "ffn-convert); the config's model must have the same shape");
+                 "ffn-convert), or for model.arch = llama with HuggingFace Llama's names; the "
+                 "config's model must have the same shape");
   app.add_flag("--overwrite", overwrite,
                "Start fresh even if run.dir holds checkpoints (deletes them and the metrics)");
   app.add_option("--stop-after", stop_after,
@@ -65,13 +66,8 @@ int main(int argc, char** argv) {
       ->check(ffn::train::number_at_least(0.0, /*strict=*/true));
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.footer(ffn::train::Config::keys_help());
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
-  try {
+  return ffn::train::run_program(app, argc, argv, "ffn-train", /*newline=*/true,
+                                 [&]() -> int {
     if (nproc > 0) {
       std::string set = "runtime.nproc=";
       set += std::to_string(nproc);
@@ -113,11 +109,5 @@ int main(int argc, char** argv) {
                   ffn::train::signal_name(res.stop_signal), static_cast<long long>(res.iters_done),
                   res.last_checkpoint.c_str(), res.run_dir.c_str());
     return 0;
-  } catch (const ffn::Error& e) {
-    std::fprintf(stderr, "\nffn-train: error: %s\n", e.what());
-    return e.kind() == ffn::ErrorKind::config ? 2 : 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\nffn-train: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }
