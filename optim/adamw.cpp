@@ -10,9 +10,12 @@ AdamW::AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWO
     : params_(std::move(named_params)), opt_(opt) {
   FFN_CHECK(opt.grad_clip >= 0, "[adamw] grad_clip must be >= 0, got ", opt.grad_clip);
   FFN_CHECK(opt.max_nonfinite_in_row >= 1, "[adamw] max_nonfinite_in_row must be >= 1");
-  FFN_CHECK(opt.update_only.empty() || opt.update_only.size() == params_.size(),
-            "[adamw] update_only has ", opt.update_only.size(), " entries for ", params_.size(),
-            " parameters");
+  FFN_CHECK(opt.decay.empty() || opt.decay.size() == params_.size(), "[adamw] decay has ",
+            opt.decay.size(), " entries for ", params_.size(), " parameters");
+  size_t grouped = 0;
+  for (size_t g : opt.groups) grouped += g;
+  FFN_CHECK(opt.groups.empty() || grouped == params_.size(), "[adamw] groups cover ", grouped,
+            " parameters of ", params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& [name, p] = params_[i];
     FFN_CHECK(p.defined() && p.requires_grad(), "[adamw] parameter ", name,
@@ -20,15 +23,11 @@ AdamW::AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWO
     const Tensor& w = p.value();
     AdamWSlot s;
     s.param = w;
-    if (!updates(i)) {  // another rank's (ZeRO-1): no state here
-      slots_.push_back(std::move(s));
-      continue;
-    }
     const DType acc = acc_dtype(w.dtype());
     s.m = Tensor::zeros(w.shape(), acc, w.device());
     s.v = Tensor::zeros(w.shape(), acc, w.device());
     if (is_half(w.dtype())) s.master = w.to(DType::f32);
-    s.decay = !opt.decay_matrices_only || w.dim() >= 2;
+    s.decay = opt.decay.empty() ? !opt.decay_matrices_only || w.dim() >= 2 : opt.decay[i];
     slots_.push_back(std::move(s));
   }
 }
@@ -38,6 +37,7 @@ void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
   FFN_CHECK(!in_flight_, "[adamw] launch() while the previous step is in flight (call finish())");
   FFN_CHECK(grad_divisor > 0 && std::isfinite(grad_divisor), "[adamw] grad_divisor must be > 0");
   std::vector<AdamWSlot> live;
+  std::vector<size_t> live_index;  // live[j] is parameter live_index[j]
   std::vector<Tensor> grads;
   for (size_t i = 0; i < params_.size(); ++i) {
     const Var& p = params_[i].second;
@@ -46,7 +46,8 @@ void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
     s.param = p.value();  // the layers may have replaced the tensor (e.g. Module::to)
     s.grad = p.grad().contiguous();
     grads.push_back(s.grad);
-    if (updates(i)) live.push_back(std::move(s));
+    live.push_back(std::move(s));
+    live_index.push_back(i);
   }
   if (!decision_.defined()) {
     FFN_CHECK(!params_.empty(), "[adamw] no parameters to optimize");
@@ -55,13 +56,25 @@ void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
     decision_ = Tensor::from_vector(d, {kDecisionSize}, DType::f64,
                                     params_[0].second.value().device());
   }
-  const Tensor sumsq = grads.empty() ? Tensor::zeros({1}, DType::f64, decision_.device())
-                                     : global_grad_sumsq(grads);
+  Tensor sumsq = grads.empty() ? Tensor::zeros({1}, DType::f64, decision_.device())
+                               : global_grad_sumsq(grads);
+  if (opt_.reduce_sumsq) opt_.reduce_sumsq(sumsq);
   const AdamWDecide d{grad_divisor, opt_.grad_clip, opt_.hyper.beta1, opt_.hyper.beta2};
   adamw_decide(loss, sumsq, d, decision_);
   AdamWHyper h = opt_.hyper;
   h.lr = lr;
-  if (!live.empty()) adamw_step(live, h, decision_);
+  if (opt_.groups.empty()) {
+    if (!live.empty()) adamw_step(live, h, decision_);
+  } else {  // group by group, with the caller's work queued after each
+    size_t end = 0, j = 0;
+    for (size_t g = 0; g < opt_.groups.size(); ++g) {
+      end += opt_.groups[g];
+      std::vector<AdamWSlot> part;
+      for (; j < live.size() && live_index[j] < end; ++j) part.push_back(live[j]);
+      if (!part.empty()) adamw_step(part, h, decision_);
+      if (opt_.after_group) opt_.after_group(g);
+    }
+  }
   report_.start(decision_);
   in_flight_ = true;
 }
@@ -108,7 +121,6 @@ void AdamW::zero_grad() {
 std::vector<std::pair<std::string, Tensor>> AdamW::state() const {
   std::vector<std::pair<std::string, Tensor>> out;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!updates(i)) continue;
     const std::string& n = params_[i].first;
     out.emplace_back(n + ".exp_avg", slots_[i].m);
     out.emplace_back(n + ".exp_avg_sq", slots_[i].v);

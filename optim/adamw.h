@@ -7,6 +7,7 @@
 // weights and state for 16-bit parameters (Note [Master weights]).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,10 +24,18 @@ struct AdamWOptions {
   bool decay_matrices_only = true;  // weight decay on ≥2-D params only (not biases, LN)
   double grad_clip = 0.0;        // max global grad norm; 0 = off
   int max_nonfinite_in_row = 20; // abort after this many consecutive skipped steps
-  // ZeRO-1 (Note [ZeRO-1], train/dist/zero.h): update and keep state for parameter i only
-  // where update_only[i] (empty: all). Every gradient still counts in the global norm, the
-  // clip and the finite check, so every rank takes the same decision.
-  std::vector<bool> update_only;
+  // Weight decay per parameter (empty: decay_matrices_only decides). ZeRO-1's optimizer
+  // updates flat slices of parameters, which keep their parameter's decision.
+  std::vector<bool> decay;
+  // Called with Σ g² over this optimizer's gradients (a one-element device tensor) before
+  // the step is decided; ZeRO-1 sums it over the ranks here, so the norm, the clip and the
+  // finite check are global.
+  std::function<void(Tensor&)> reduce_sumsq;
+  // Update the parameters in groups of consecutive ones (sizes, summing to the parameter
+  // count; empty: all at once) and call after_group(g) once group g's update is queued:
+  // ZeRO-1 all-gathers each bucket while the next one is updated.
+  std::vector<size_t> groups;
+  std::function<void(size_t)> after_group;
 };
 
 struct StepReport {
@@ -59,15 +68,13 @@ class AdamW {
   const AdamWOptions& options() const { return opt_; }
 
   // The optimizer's state as named tensors (for checkpoints): "<param>.exp_avg",
-  // "<param>.exp_avg_sq" and, for 16-bit params, "<param>.master"; with update_only, of the
-  // parameters this optimizer updates.
+  // "<param>.exp_avg_sq" and, for 16-bit params, "<param>.master".
   std::vector<std::pair<std::string, Tensor>> state() const;
   // Counters for checkpoints: steps, skipped in total, skipped in a row (no step in flight).
   std::vector<int64_t> counters() const;
   void set_counters(const std::vector<int64_t>& c);
 
  private:
-  bool updates(size_t i) const { return opt_.update_only.empty() || opt_.update_only[i]; }
   std::vector<std::pair<std::string, Var>> params_;
   std::vector<AdamWSlot> slots_;
   AdamWOptions opt_;

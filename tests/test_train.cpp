@@ -503,6 +503,57 @@ TEST_CASE("tiny.toml learns on the CPU: val loss falls below 45% of its start") 
   fs::remove_all(root);
 }
 
+TEST_CASE("AdamW in groups: the same update, each group's hook after its update, decay per parameter") {
+  auto params = [] {
+    std::vector<std::pair<std::string, Var>> ps;
+    for (int i = 0; i < 5; ++i) {
+      std::string name = "p";
+      name += std::to_string(i);
+      Var v(Tensor::from_vector({1.0 + i, -2.0, 0.5 * i}, {3}, DType::f64), true, name);
+      v.set_grad(Tensor::from_vector({0.1 * i, 0.3, -0.2}, {3}, DType::f64));
+      ps.emplace_back(name, v);
+    }
+    return ps;
+  };
+  AdamWOptions o;
+  o.hyper.weight_decay = 0.1;
+  o.decay = {true, false, true, true, false};  // 1-D parameters, decayed where this says
+  o.grad_clip = 0.5;
+  auto plain = params(), grouped = params();
+  AdamW a(plain, o);
+  std::vector<std::pair<size_t, double>> seen;  // (group, p4's first value) at each hook
+  AdamWOptions g = o;
+  g.groups = {2, 0, 3};  // p0 p1 | none | p2 p3 p4
+  g.after_group = [&](size_t k) { seen.emplace_back(k, grouped[4].second.value().to_vector()[0]); };
+  AdamW b(grouped, g);
+  for (int step = 0; step < 3; ++step) {
+    a.step(0.01, 1.0);
+    seen.clear();
+    b.step(0.01, 1.0);
+  }
+  for (size_t i = 0; i < 5; ++i)
+    CHECK(plain[i].second.value().to_vector() == grouped[i].second.value().to_vector());
+  // Every group's hook, in order, each after its own group's update only.
+  REQUIRE(seen.size() == 3);
+  CHECK((seen[0].first == 0 && seen[1].first == 1 && seen[2].first == 2));
+  CHECK(seen[0].second == seen[1].second);
+  CHECK(seen[2].second != seen[1].second);
+  CHECK(seen[2].second == grouped[4].second.value().to_vector()[0]);
+  // Decay where asked: p1 (no decay) and p0 (decay) differ from an all-decay run.
+  AdamWOptions all = o;
+  all.decay = {};
+  all.decay_matrices_only = false;
+  auto c = params();
+  AdamW ac(c, all);
+  for (int step = 0; step < 3; ++step) ac.step(0.01, 1.0);
+  CHECK(c[0].second.value().to_vector() == plain[0].second.value().to_vector());
+  CHECK(c[1].second.value().to_vector() != plain[1].second.value().to_vector());
+  AdamWOptions bad = o;
+  bad.groups = {2, 2};
+  CHECK_THROWS_WITH_AS(AdamW(params(), bad), doctest::Contains("[adamw] groups cover 4 parameters of 5"),
+                       Error);
+}
+
 TEST_CASE("AdamW skips non-finite steps, counts them, and gives up after K in a row") {
   Var w(Tensor::from_vector({1.0, 2.0}, {2}, DType::f64), true, "w");
   AdamWOptions o;

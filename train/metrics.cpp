@@ -90,6 +90,13 @@ void RunRecord::stopped(int64_t iter, const std::string& signal) {
                {"signal", "\"" + signal + "\""}});
 }
 
+void RunRecord::note(int64_t iter, const std::vector<std::pair<std::string, std::string>>& fields) {
+  if (!log_) return;
+  std::vector<std::pair<std::string, std::string>> all{{"iter", std::to_string(iter)}};
+  all.insert(all.end(), fields.begin(), fields.end());
+  log_->write(all);
+}
+
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];

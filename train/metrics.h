@@ -41,6 +41,8 @@ class RunRecord {
   // {"iter": N, "event": "stopped", "signal": ...}: the run stopped early on a request
   // (Note [Graceful stop]); a finished run has no such line.
   void stopped(int64_t iter, const std::string& signal);
+  // {"iter": N, fields...}: any other record (fields: key → formatted JSON value).
+  void note(int64_t iter, const std::vector<std::pair<std::string, std::string>>& fields);
 
  private:
   void draw();

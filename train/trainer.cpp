@@ -23,6 +23,7 @@
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
 #include "train/dist/comm.h"
+#include "train/dist/comm_profile.h"
 #include "train/data.h"
 #include "train/dist/ddp.h"
 #include "train/dist/dist.h"
@@ -178,10 +179,16 @@ struct Trainer::State {
   uint64_t cursor = 0, data_seed = 0, eval_seed = 0;
   int64_t start_iter = 0, end_iter = 0, decay_iters = 0;
   int64_t buckets_total = 0, buckets_overlapped = 0;
+  // Note [Deferred collective check]: the collectives of the last queued step end here.
+  int64_t comm_mark = 0;
+  bool profiling = false;               // --profile-comm under data parallelism
+  std::vector<CommEvent> comm_events;   // Note [Communication profile]
   double best_val = INFINITY, last_loss = NAN, first_val = NAN, last_val = NAN;
 };
 
 namespace {
+
+constexpr int64_t kProfiledSteps = 200;  // --profile-comm times this many steps, then stops
 
 // An allocation failure (ours, or std::bad_alloc from the C++ library) as an error that says
 // where in the run it happened and what to lower; every other error passes unchanged.
@@ -343,15 +350,33 @@ void Trainer::build() {
   ao.grad_clip = c.train.grad_clip;
   ao.max_nonfinite_in_row = static_cast<int>(c.train.max_nonfinite);
   s.params = s.model->named_parameters();
-  std::vector<int> owners;
-  if (c.train.zero == 1 && s.world > 1) {
-    owners = zero_owners(s.params, s.world);
-    for (int o : owners) ao.update_only.push_back(o == s.rank);
+  const bool zero = c.train.zero == 1 && s.world > 1;
+  if (s.world > 1)
+    s.sync = std::make_unique<GradSync>(s.params, *s.comm, s.opt.bucket_mb << 20, /*shard=*/zero);
+  if (zero) {  // Note [ZeRO-1]: this rank's AdamW updates its slices only
+    s.zero = std::make_unique<ZeroShards>(*s.sync, s.params, *s.comm);
+    ao.decay = s.zero->decay(c.train.decay_matrices_only);
+    ao.groups = s.zero->groups();
+    ZeroShards* z = s.zero.get();
+    ao.after_group = [z](size_t g) { z->gather_bucket(g); };
+    Comm* comm = s.comm;
+    ao.reduce_sumsq = [comm](Tensor& sumsq) {
+      Tensor t = sumsq.to(DType::f64).clone();
+      comm->all_reduce(t, /*average=*/false, "ZeRO-1 gradient norm");
+      comm->wait();
+      sumsq = t;
+    };
+    s.optim = std::make_unique<AdamW>(s.zero->slices(), ao);
+  } else {
+    s.optim = std::make_unique<AdamW>(s.params, ao);
   }
-  s.optim = std::make_unique<AdamW>(s.params, ao);
-  if (!owners.empty()) s.zero = std::make_unique<ZeroShards>(s.params, owners, *s.comm);
   s.scaler = std::make_unique<LossScaler>(s.dt == DType::f16);
-  if (s.world > 1) s.sync = std::make_unique<GradSync>(s.params, *s.comm, s.opt.bucket_mb << 20);
+  if (s.opt.profile_comm && s.sync) {
+    s.profiling = true;
+    s.comm->profile_start();
+  } else if (s.opt.profile_comm && s.lead) {
+    std::printf("--profile-comm: a single process has no communication to profile\n");
+  }
   if (c.train.grad_accum_steps > 1)
     for (size_t k = 0; k < s.params.size(); ++k) {
       const Var& v = s.params[k].second;
@@ -380,9 +405,15 @@ void Trainer::restore() {
     const TrainState& st = s.resumed;
     load_tensors_into((fs::path(s.resume_dir) / "model.safetensors").string(),
                       s.model->stored_view(values_of(s.params)));
-    load_tensors_into((fs::path(s.resume_dir) / "optim.safetensors").string(),
-                      s.model->stored_view(s.optim->state()), /*allow_cast=*/false,
-                      /*allow_extra=*/s.zero != nullptr);  // a ZeRO-1 rank loads its part
+    const std::string optim_file = (fs::path(s.resume_dir) / "optim.safetensors").string();
+    if (s.zero) {  // Note [ZeRO-1]: the whole state read, this rank's slices kept
+      s.zero->load_params();
+      const NamedTensors full = s.zero->state_templates();
+      load_tensors_into(optim_file, s.model->stored_view(full), /*allow_cast=*/false);
+      s.zero->scatter_state(full, s.optim->state());
+    } else {
+      load_tensors_into(optim_file, s.model->stored_view(s.optim->state()), /*allow_cast=*/false);
+    }
     s.optim->set_counters(st.optim_counters);
     if (s.scaler->enabled()) s.scaler->set_state(st.loss_scaler);
     s.rng->set_offset(st.rng_offset);
@@ -469,7 +500,9 @@ void Trainer::init_weights() {
   // 16-bit parameters have fp32 masters in AdamW, made from the random init: they take the
   // file's values too (at the file's precision).
   std::map<std::string, Tensor> masters;
-  for (const auto& [n, t] : s.model->stored_view(s.optim->state()))
+  // Under ZeRO-1 the masters are the slices': gathered, set, and scattered back below.
+  const NamedTensors state = s.zero ? s.zero->gather_state(s.optim->state()) : s.optim->state();
+  for (const auto& [n, t] : s.model->stored_view(state))
     if (n.size() > 7 && n.compare(n.size() - 7, 7, ".master") == 0) masters[n.substr(0, n.size() - 7)] = t;
   for (auto& [name, dst] : s.model->stored_view(values_of(s.params))) {
     auto it = by_name.find(name);
@@ -491,6 +524,10 @@ void Trainer::init_weights() {
   if (!by_name.empty())
     config_error("--init-from: '" + file + "' has tensors this config's model does not (e.g. '" +
                  by_name.begin()->first + "'): model.layers or model.bias differ?");
+  if (s.zero) {
+    s.zero->load_params();
+    s.zero->scatter_state(state, s.optim->state());
+  }
   if (s.lead) std::fprintf(stderr, "[init] weights from %s\n", file.c_str());
 }
 
@@ -553,6 +590,10 @@ bool Trainer::checkpoint_after(int64_t done) const {
 void Trainer::finish_step(int64_t done, double lr) {
   State& s = *s_;
   StepReport rep;
+  if (s.profiling) {  // Note [Communication profile]: the first kProfiledSteps steps
+    for (CommEvent& e : s.comm->profile_collect()) s.comm_events.push_back(std::move(e));
+    if (done - s.start_iter >= kProfiledSteps) s.comm->profile_stop();
+  }
   try {
     rep = s.optim->finish();
   } catch (const Error& e) {
@@ -582,7 +623,12 @@ void Trainer::step(int64_t it) {
   const Config& c = s.cfg;
   const double lr = lr_at(c.train.schedule, it, c.train.lr, c.train.min_lr, c.train.warmup,
                           s.decay_iters);
+  // The previous step's collectives (Note [Deferred collective check]): its update is
+  // queued behind them, so the GPU stays busy while the host polls, and nothing below
+  // (the batch upload waits for the compute stream) can block on a lost peer.
+  if (s.comm) s.comm->sync_through(s.comm_mark);
   if (s.comm) s.comm->set_step(it + 1);
+  if (s.profiling) s.comm->profile_point("step");
   // Note [Gradient accumulation]: micro-batch j of the step is shard j·world + rank of one
   // global batch of batch_size · A sequences drawn at the step's cursor, so A micro-batches
   // of B are the rows of one batch of A·B (A = 1: exactly the batches without accumulation).
@@ -638,31 +684,43 @@ void Trainer::step(int64_t it) {
   }
   ++s.cursor;
   if (s.sync) {
+    if (s.profiling) s.comm->profile_point("backward");
     s.sync->finish();  // averaged gradients on every rank
     s.buckets_total += s.sync->last().buckets;
     s.buckets_overlapped += s.sync->last().launched_in_backward;
     lt = lt.clone();
     s.comm->all_reduce(lt, true, "loss");  // a non-finite loss on any rank reaches all
-    s.comm->sync();  // polls: a lost peer is an error, not a hang (Note [NCCL timeouts])
+    s.comm->wait();                        // the update reads the averaged loss
+    if (s.zero) {  // Note [ZeRO-1]: the slices' gradients are this rank's chunks
+      for (auto& [n, p] : s.params) p.zero_grad();
+      s.zero->bind_grads();
+    }
+    if (s.profiling) s.comm->profile_point("synced");
   }
   if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
   s.optim->launch(lr, lt, s.scaler->scale());
-  if (s.zero) s.zero->broadcast_params();  // Note [ZeRO-1]: each owner's update to all
+  if (s.zero) s.zero->gather_params();  // Note [ZeRO-1]: all-gathered during the update
+  if (s.profiling) s.comm->profile_point("optimizer");
+  // Every collective of this step (ZeRO's norm and all-gathers included) is polled at the
+  // start of the next one (Note [Deferred collective check]).
+  if (s.comm) s.comm_mark = s.comm->enqueued();
   s.optim->zero_grad();
   const int64_t done = it + 1;
   // A step whose outcome nothing needs before the next step is queued is finished one
   // iteration later, after the next forward and backward are queued: the host then never
   // waits on an idle GPU. Finished at once: steps followed by an eval or checkpoint,
-  // loss-scaled (fp16) steps (the next loss seed depends on the outcome), data-parallel
-  // steps (collectives are polled for timeouts, Note [NCCL timeouts]) and CPU steps (the
+  // loss-scaled (fp16) steps (the next loss seed depends on the outcome) and CPU steps (the
   // step has already run, so there is nothing to overlap, and deferring would charge each
-  // step its successor's forward and backward).
-  const bool now = s.dev.is_cpu() || s.sync || s.scaler->enabled() || eval_after(done) ||
-                   checkpoint_after(done);
-  if (now)
+  // step its successor's forward and backward). A data-parallel step finished at once
+  // first waits, polling, for its collectives (Note [NCCL timeouts]).
+  const bool now =
+      s.dev.is_cpu() || s.scaler->enabled() || eval_after(done) || checkpoint_after(done);
+  if (now) {
+    if (s.comm) s.comm->sync();
     finish_step(done, lr);
-  else
+  } else {
     s.pending = std::make_pair(done, lr);
+  }
 }
 
 // Note [Graceful stop]: the signal to stop on after `done` iterations, or 0; under data
@@ -675,6 +733,7 @@ int Trainer::stop_requested(int64_t done) {
   if (done % kStopAgreeEvery != 0) return 0;
   Tensor flag = Tensor::full({1}, local ? 1.0 : 0.0, DType::f32, s.dev);
   s.comm->all_reduce(flag, false, "stop request");
+  s.comm->sync();  // the sum, not the flag before it (it is reduced on the comm stream)
   return flag.to_vector()[0] > 0 ? (local ? local : SIGTERM) : 0;
 }
 
@@ -694,7 +753,11 @@ TrainResult Trainer::run() {
       break;
     }
   }
-  if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
+  if (s.pending) {
+    if (s.comm) s.comm->sync();
+    finish_step(s.pending->first, s.pending->second), s.pending.reset();
+  }
+  if (s.profiling) report_comm_profile(done);
   std::string ckpt = s.last_checkpoint;
   if (stop) {
     if (s.last_checkpoint_iter != done) ckpt = checkpoint(done);
@@ -723,6 +786,15 @@ TrainResult Trainer::run() {
                        (res.ms_per_iter / 1e3);
   summarize(res);
   return res;
+}
+
+void Trainer::report_comm_profile(int64_t done) {
+  State& s = *s_;
+  for (CommEvent& e : s.comm->profile_collect()) s.comm_events.push_back(std::move(e));
+  // The first steps warm up (allocator, GEMM choices); the median takes care of evals.
+  const CommProfile p = summarize_comm_profile(s.comm_events, 5);
+  s.record->note(done, comm_profile_fields(p));
+  if (s.lead) std::printf("%s", format_comm_profile(p).c_str());
 }
 
 void Trainer::summarize(const TrainResult& res) const {

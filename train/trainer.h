@@ -36,6 +36,9 @@ struct TrainOptions {
   Comm* comm = nullptr;
   int64_t bucket_mb = 25;       // gradient bucket size for the overlapped all-reduce
   double comm_timeout_s = 300;  // a collective not done after this long aborts the run
+  // --profile-comm: time every step's collectives and print where a data-parallel step's
+  // time goes (Note [Communication profile]); also a "comm_profile" line in metrics.jsonl.
+  bool profile_comm = false;
   double rendezvous_timeout_s = 120;
   // Called after each step is queued with the number of iterations done (tests send
   // signals at a known iteration with it).
@@ -88,6 +91,7 @@ class Trainer {
   std::map<std::string, std::string> resolved_values() const;
   void init_weights();
   int stop_requested(int64_t done);
+  void report_comm_profile(int64_t done);
   bool eval_after(int64_t done) const;
   bool checkpoint_after(int64_t done) const;
   void summarize(const TrainResult& res) const;

@@ -58,14 +58,29 @@ class ThreadComm final : public Comm {
   void all_reduce(Tensor& buf, bool average, const std::string&) override {
     sizes_.push_back(buf.numel());
     g_->collective(rank_, &buf, [&](std::vector<Tensor*>& all) {
-      Tensor acc = all[0]->to(DType::f64).clone();
-      for (size_t r = 1; r < all.size(); ++r) acc.add_(*all[r]);
-      if (average) {
-        Tensor scaled = Tensor::zeros(acc.shape(), DType::f64);
-        scaled.add_(acc, 1.0 / static_cast<double>(all.size()));
-        acc = scaled;
-      }
+      const Tensor acc = reduced(all, average);
       for (Tensor* t : all) t->copy_(acc);
+    });
+  }
+  void reduce_scatter(Tensor& buf, bool average, const std::string& what) override {
+    const int64_t n = chunk(buf, what);
+    sizes_.push_back(buf.numel());
+    g_->collective(rank_, &buf, [&](std::vector<Tensor*>& all) {
+      const Tensor acc = reduced(all, average);
+      for (size_t r = 0; r < all.size(); ++r) {
+        const int64_t at = static_cast<int64_t>(r) * n;
+        all[r]->narrow(0, at, n).copy_(acc.narrow(0, at, n));
+      }
+    });
+  }
+  void all_gather(Tensor& buf, const std::string& what) override {
+    const int64_t n = chunk(buf, what);
+    g_->collective(rank_, &buf, [&](std::vector<Tensor*>& all) {
+      for (size_t r = 0; r < all.size(); ++r) {
+        const Tensor src = all[r]->narrow(0, static_cast<int64_t>(r) * n, n).clone();
+        for (size_t d = 0; d < all.size(); ++d)
+          if (d != r) all[d]->narrow(0, static_cast<int64_t>(r) * n, n).copy_(src);
+      }
     });
   }
   void broadcast(Tensor& buf, int root, const std::string&) override {
@@ -78,6 +93,20 @@ class ThreadComm final : public Comm {
   const std::vector<int64_t>& sizes() const { return sizes_; }
 
  private:
+  // Σ over ranks in rank order, in f64 (deterministic), divided by the world for a mean.
+  static Tensor reduced(const std::vector<Tensor*>& all, bool average) {
+    Tensor acc = all[0]->to(DType::f64).clone();
+    for (size_t r = 1; r < all.size(); ++r) acc.add_(*all[r]);
+    if (!average) return acc;
+    Tensor scaled = Tensor::zeros(acc.shape(), DType::f64);
+    scaled.add_(acc, 1.0 / static_cast<double>(all.size()));
+    return scaled;
+  }
+  int64_t chunk(const Tensor& buf, const std::string& what) const {
+    FFN_CHECK(buf.dim() == 1 && buf.numel() % world() == 0, "[comm] ", what, ": ", buf.desc(),
+              " does not split into ", world(), " equal chunks");
+    return buf.numel() / world();
+  }
   std::shared_ptr<Group> g_;
   int rank_;
   std::vector<int64_t> sizes_;
@@ -130,12 +159,19 @@ class NcclComm final : public Comm {
     FFN_CHECK(id.size() == sizeof(uid.internal), "[nccl] bad unique id size ", id.size());
     std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
     FFN_CHECK_NCCL(ncclCommInitRank(&comm_, world, uid, rank));
-    FFN_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The highest priority the device offers: a collective's kernels get SMs as soon as
+    // they free up, ahead of the backward kernels queued beside them.
+    int least = 0, greatest = 0;
+    FFN_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    FFN_CHECK_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
   }
   ~NcclComm() override {
-    if (!aborted_) {
+    if (!aborted_) {  // after an abort: no CUDA call that could wait for a stuck kernel
       cudaStreamSynchronize(stream_);
       ncclCommDestroy(comm_);
+      for (const Pending& p : pending_) cudaEventDestroy(p.done);
+      for (const Timed& t : timed_) destroy(t);
+      if (origin_) cudaEventDestroy(origin_);
     }
     cudaStreamDestroy(stream_);
   }
@@ -143,14 +179,31 @@ class NcclComm final : public Comm {
   int world() const override { return world_; }
 
   void all_reduce(Tensor& buf, bool average, const std::string& what) override {
-    enqueue(what, [&] {
+    enqueue(what, static_cast<int64_t>(buf.nbytes()), [&] {
       FFN_CHECK_NCCL(ncclAllReduce(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
                                    nccl_type(buf.dtype()), average ? ncclAvg : ncclSum, comm_,
                                    stream_));
     });
   }
+  void reduce_scatter(Tensor& buf, bool average, const std::string& what) override {
+    const size_t n = chunk(buf, what);
+    enqueue(what, static_cast<int64_t>(buf.nbytes()), [&] {
+      char* base = static_cast<char*>(buf.data_ptr());
+      FFN_CHECK_NCCL(ncclReduceScatter(base, base + rank_ * n * dtype_size(buf.dtype()), n,
+                                       nccl_type(buf.dtype()), average ? ncclAvg : ncclSum,
+                                       comm_, stream_));
+    });
+  }
+  void all_gather(Tensor& buf, const std::string& what) override {
+    const size_t n = chunk(buf, what);
+    enqueue(what, static_cast<int64_t>(buf.nbytes()), [&] {
+      char* base = static_cast<char*>(buf.data_ptr());
+      FFN_CHECK_NCCL(ncclAllGather(base + rank_ * n * dtype_size(buf.dtype()), base, n,
+                                   nccl_type(buf.dtype()), comm_, stream_));
+    });
+  }
   void broadcast(Tensor& buf, int root, const std::string& what) override {
-    enqueue(what, [&] {
+    enqueue(what, static_cast<int64_t>(buf.nbytes()), [&] {
       FFN_CHECK_NCCL(ncclBroadcast(buf.data_ptr(), buf.data_ptr(), static_cast<size_t>(buf.numel()),
                                    nccl_type(buf.dtype()), root, comm_, stream_));
     });
@@ -163,9 +216,10 @@ class NcclComm final : public Comm {
     FFN_CHECK_CUDA(cudaStreamWaitEvent(cuda::stream(device_), e, 0));
     cudaEventDestroy(e);
   }
-  void sync() override {
+  int64_t enqueued() const override { return enqueued_; }
+  void sync_through(int64_t n) override {
     cuda::DeviceGuard guard(device_);
-    while (!pending_.empty()) {
+    while (!pending_.empty() && enqueued_ - static_cast<int64_t>(pending_.size()) < n) {
       const Pending& p = pending_.front();
       const cudaError_t q = cudaEventQuery(p.done);
       if (q == cudaSuccess) {
@@ -195,6 +249,43 @@ class NcclComm final : public Comm {
     }
   }
 
+  void profile_start() override {
+    cuda::DeviceGuard guard(device_);
+    if (!origin_) FFN_CHECK_CUDA(cudaEventCreate(&origin_));
+    FFN_CHECK_CUDA(cudaEventRecord(origin_, cuda::stream(device_)));
+    profiling_ = true;
+  }
+  void profile_stop() override { profiling_ = false; }
+  void profile_point(const std::string& what) override {
+    if (!profiling_) return;
+    cuda::DeviceGuard guard(device_);
+    Timed t{step_, what, 0, timing_event(), nullptr, nullptr};
+    FFN_CHECK_CUDA(cudaEventRecord(t.ready, cuda::stream(device_)));
+    timed_.push_back(t);
+  }
+  std::vector<CommEvent> profile_collect() override {
+    std::vector<CommEvent> out;
+    if (!origin_) return out;
+    cuda::DeviceGuard guard(device_);
+    auto since_origin = [&](cudaEvent_t e) {
+      float ms = 0;
+      FFN_CHECK_CUDA(cudaEventElapsedTime(&ms, origin_, e));
+      return static_cast<double>(ms);
+    };
+    while (!timed_.empty()) {
+      const Timed& t = timed_.front();
+      const cudaEvent_t last = t.end ? t.end : t.ready;
+      if (cudaEventQuery(last) != cudaSuccess) break;  // not yet run: collect it next time
+      CommEvent e{t.step, t.what, t.bytes, since_origin(t.ready), 0, 0};
+      e.start_ms = t.start ? since_origin(t.start) : e.ready_ms;
+      e.end_ms = t.end ? since_origin(t.end) : e.ready_ms;
+      out.push_back(e);
+      destroy(t);
+      timed_.pop_front();
+    }
+    return out;
+  }
+
  private:
   struct Pending {
     cudaEvent_t done;
@@ -202,20 +293,52 @@ class NcclComm final : public Comm {
     std::string what;
     int64_t step;
   };
+  struct Timed {  // --profile-comm (Note [Communication profile])
+    int64_t step;
+    std::string what;
+    int64_t bytes;
+    cudaEvent_t ready, start, end;  // start/end: null for a compute-stream point
+  };
+  size_t chunk(const Tensor& buf, const std::string& what) const {
+    FFN_CHECK(buf.dim() == 1 && buf.numel() % world_ == 0, "[nccl] ", what, ": ", buf.desc(),
+              " does not split into ", world_, " equal chunks");
+    return static_cast<size_t>(buf.numel() / world_);
+  }
+  static cudaEvent_t timing_event() {
+    cudaEvent_t e;
+    FFN_CHECK_CUDA(cudaEventCreate(&e));
+    return e;
+  }
+  static void destroy(const Timed& t) {
+    for (cudaEvent_t e : {t.ready, t.start, t.end})
+      if (e) cudaEventDestroy(e);
+  }
 
   template <class F>
-  void enqueue(const std::string& what, const F& call) {
+  void enqueue(const std::string& what, int64_t bytes, const F& call) {
     FFN_CHECK(!aborted_, "[nccl] the communicator was aborted after an earlier collective failed");
     cuda::DeviceGuard guard(device_);
     cudaEvent_t ready, done;
-    FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, profiling_ ? 0 : cudaEventDisableTiming));
     FFN_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     FFN_CHECK_CUDA(cudaEventRecord(ready, cuda::stream(device_)));
     FFN_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready, 0));
-    cudaEventDestroy(ready);
+    Timed t{step_, what, bytes, ready, nullptr, nullptr};
+    if (profiling_) {
+      t.start = timing_event();
+      t.end = timing_event();
+      FFN_CHECK_CUDA(cudaEventRecord(t.start, stream_));
+    } else {
+      cudaEventDestroy(ready);
+    }
     call();
     FFN_CHECK_CUDA(cudaEventRecord(done, stream_));
+    if (profiling_) {
+      FFN_CHECK_CUDA(cudaEventRecord(t.end, stream_));
+      timed_.push_back(t);
+    }
     pending_.push_back({done, std::chrono::steady_clock::now(), what, step_});
+    ++enqueued_;
   }
 
   int rank_, world_, device_;
@@ -223,7 +346,11 @@ class NcclComm final : public Comm {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::deque<Pending> pending_;  // enqueued, not yet seen finished (oldest first)
+  int64_t enqueued_ = 0;         // collectives enqueued since the start
   bool aborted_ = false;
+  bool profiling_ = false;
+  cudaEvent_t origin_ = nullptr;
+  std::deque<Timed> timed_;  // profiled records not yet collected (oldest first)
 };
 
 }  // namespace

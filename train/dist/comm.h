@@ -10,6 +10,18 @@
 // continues while it runs; wait() makes the compute stream wait for everything enqueued.
 // Buffers handed to a collective must stay alive until wait(): the synchronizer uses
 // persistent flat buffers for that.
+//
+// Note [Deferred collective check]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The host never blocks on a collective (Note [NCCL timeouts]): it polls. Polling for a
+// step's collectives right after its backward is queued would leave the GPU idle while the
+// host then queues the update, so the trainer queues step N's update behind them (the
+// compute stream waits for them with wait()) and polls for them (sync_through(mark)) at the
+// start of step N+1: the GPU runs the update meanwhile. Nothing in between blocks on the
+// device, so a lost peer is still an error after the timeout; any later and the next batch's
+// upload (which waits for the compute stream, which waits for the collectives) could block
+// the host on a collective that never ends. One NCCL communicator only: aborting one of two
+// frees memory, which waits for the other's stuck kernels (a hang on 2× H200, session 9).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +33,15 @@
 
 namespace ffn::train {
 
+// One timed record of --profile-comm: a collective (bytes > 0; ready/start/end) or a point
+// on the compute stream (bytes = 0; at = ready = start = end).
+struct CommEvent {
+  int64_t step = 0;
+  std::string what;
+  int64_t bytes = 0;
+  double ready_ms = 0, start_ms = 0, end_ms = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -29,13 +50,36 @@ class Comm {
   // In place: buf = mean over ranks (avg) or sum over ranks. `what` names the collective
   // in timeout/error messages.
   virtual void all_reduce(Tensor& buf, bool average, const std::string& what) = 0;
+  // In place over world equal chunks of buf (numel divisible by world): chunk `rank` becomes
+  // the mean (or sum) over ranks of that chunk; the other chunks are left undefined.
+  virtual void reduce_scatter(Tensor& buf, bool average, const std::string& what) = 0;
+  // In place: every rank's chunk `rank` of buf to every rank.
+  virtual void all_gather(Tensor& buf, const std::string& what) = 0;
   virtual void broadcast(Tensor& buf, int root, const std::string& what) = 0;
   // The compute stream waits for every collective enqueued so far (CPU: no-op).
   virtual void wait() = 0;
   // The host waits until every collective enqueued so far has finished, polling, so a lost
   // peer becomes an error instead of a hang (Note [NCCL timeouts]). Call it before reading
   // any device value that depends on a collective.
-  virtual void sync() { wait(); }
+  void sync() { sync_through(enqueued()); }
+  // The same for the first `n` collectives this communicator ever enqueued (Note [Deferred
+  // collective check]); enqueued() is how many there have been.
+  virtual void sync_through(int64_t n) {
+    (void)n;
+    wait();
+  }
+  virtual int64_t enqueued() const { return 0; }
+
+  // --profile-comm (Note [Communication profile], train/dist/comm_profile.h): from
+  // profile_start() on, every collective is timed (when its input was ready on the compute
+  // stream, when it started and ended on the communicator's stream) and profile_point()
+  // stamps the compute stream; profile_collect() returns the records whose events have
+  // completed, oldest first, in ms since profile_start(), each tagged with the step that
+  // set_step() named. Communicators without device streams record nothing.
+  virtual void profile_start() {}
+  virtual void profile_stop() {}  // no more records; those taken stay collectable
+  virtual void profile_point(const std::string& what) { (void)what; }
+  virtual std::vector<CommEvent> profile_collect() { return {}; }
   // The step the trainer is in, for messages.
   void set_step(int64_t step) { step_ = step; }
   int64_t step() const { return step_; }

@@ -4,8 +4,12 @@
 namespace ffn::train {
 
 GradSync::GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm,
-                   int64_t bucket_bytes)
-    : params_(std::move(params)), comm_(comm), where_(params_.size()), filled_(params_.size()) {
+                   int64_t bucket_bytes, bool shard)
+    : params_(std::move(params)),
+      comm_(comm),
+      shard_(shard),
+      where_(params_.size()),
+      filled_(params_.size()) {
   FFN_CHECK(bucket_bytes > 0, "[ddp] bucket_bytes must be > 0, got ", bucket_bytes);
   FFN_CHECK(!params_.empty(), "[ddp] no parameters");
   const Tensor& first = params_[0].second.value();
@@ -30,6 +34,7 @@ GradSync::GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm,
       where_[k].second = off;
       off += params_[k].second.value().numel();
     }
+    if (shard_) off = (off + comm_.world() - 1) / comm_.world() * comm_.world();
     buckets_[bi].flat = Tensor::zeros({off}, first.dtype(), first.device());
   }
 }
@@ -68,7 +73,11 @@ void GradSync::launch_ready_prefix(bool in_backward) {
   while (next_ < buckets_.size()) {
     Bucket& b = buckets_[next_];
     if (b.ready < static_cast<int>(b.params.size())) return;
-    comm_.all_reduce(b.flat, /*average=*/true, "gradient bucket " + std::to_string(next_));
+    const std::string what = "gradient bucket " + std::to_string(next_);
+    if (shard_)
+      comm_.reduce_scatter(b.flat, /*average=*/true, what);
+    else
+      comm_.all_reduce(b.flat, /*average=*/true, what);
     b.launched = true;
     if (in_backward) ++stats_.launched_in_backward;
     ++next_;
@@ -86,6 +95,7 @@ void GradSync::finish() {
       }
   launch_ready_prefix(false);
   comm_.wait();
+  if (shard_) return;
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto [bi, off] = where_[k];
     Var& p = params_[k].second;

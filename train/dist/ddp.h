@@ -9,6 +9,9 @@
 // [Collective ordering]) while backward goes on. finish() launches what is left (a
 // parameter that got no gradient contributes zeros), makes the compute stream wait, and
 // hands every parameter a gradient that is a view of the averaged flat buffer.
+// With `shard` (ZeRO-1, Note [ZeRO-1]) each bucket is padded to a multiple of the world
+// size and reduce-scattered instead: rank r gets the mean of chunk r of every bucket, and
+// finish() hands out no gradients (train/dist/zero.h reads the chunks).
 #pragma once
 
 #include <string>
@@ -28,13 +31,21 @@ struct SyncStats {
 
 class GradSync {
  public:
-  GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm, int64_t bucket_bytes);
+  GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm, int64_t bucket_bytes,
+           bool shard = false);
   // Pass to Var::backward. Valid until finish().
   Var::LeafHook hook();
   void finish();
   const SyncStats& last() const { return stats_; }
   // Bucket b's parameter names (tests and logs).
   std::vector<std::vector<std::string>> layout() const;
+  // The flat layout: buckets, their parameters (indices into params, in flat order), the
+  // flat buffers (padded with zeros to a multiple of the world when sharding) and where
+  // parameter k lies in its bucket.
+  size_t buckets() const { return buckets_.size(); }
+  const std::vector<size_t>& bucket_params(size_t b) const { return buckets_[b].params; }
+  const Tensor& flat(size_t b) const { return buckets_[b].flat; }
+  std::pair<size_t, int64_t> where(size_t k) const { return where_[k]; }
 
  private:
   struct Bucket {
@@ -48,6 +59,7 @@ class GradSync {
 
   std::vector<std::pair<std::string, Var>> params_;
   Comm& comm_;
+  bool shard_;
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, int64_t>> where_;  // param → (bucket, offset)
   std::vector<bool> filled_;

@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
       "ffn-train"};
   std::string config_path, resume, init_from;
   std::vector<std::string> sets;
-  bool overwrite = false, quiet = false, print_config = false;
+  bool overwrite = false, quiet = false, print_config = false, profile_comm = false;
   int64_t stop_after = 0, nproc = 0, bucket_mb = 25;
   double comm_timeout = 300;
   app.add_option("config", config_path,
@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
   app.add_option("--comm-timeout", comm_timeout,
                  "Seconds a collective may take before the run is aborted (data parallel)")
       ->check(ffn::train::number_at_least(0.0, /*strict=*/true));
+  app.add_flag("--profile-comm", profile_comm,
+               "Data parallel: time every collective and print where a step's time goes");
   app.add_flag("--print-config", print_config, "Print the resolved config and exit");
   app.footer(ffn::train::Config::keys_help());
   return ffn::train::run_program(app, argc, argv, "ffn-train", /*newline=*/true,
@@ -101,6 +103,7 @@ int main(int argc, char** argv) {
     opt.quiet = quiet;
     opt.bucket_mb = bucket_mb;
     opt.comm_timeout_s = comm_timeout;
+    opt.profile_comm = profile_comm;
     ffn::train::install_stop_handlers();
     const ffn::train::TrainResult res = ffn::train::run_training(cfg, opt);
     if (res.stop_signal && quiet && !res.last_checkpoint.empty())  // the writing rank
