@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <map>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "train/config.h"
 #include "train/dist/ddp.h"
 #include "train/dist/dist.h"
+#include "train/dist/watchdog.h"
 #include "train/dist/zero.h"
 #include "train/trainer.h"
 
@@ -353,6 +355,36 @@ TEST_CASE("--profile-comm: a step splits into compute, exposed communication, op
   // A step without all four points is left out; nothing complete says so.
   CHECK(summarize_comm_profile({ev.begin(), ev.begin() + 3}, 0).steps == 0);
   CHECK(format_comm_profile(CommProfile{}).find("no complete step") != std::string::npos);
+}
+
+TEST_CASE("collective watchdog: fires once, only while collectives are pending and the host is silent") {
+  using namespace std::chrono_literals;
+  std::atomic<int> fires{0};
+  std::string what;
+  {
+    Watchdog w(1.0, [&](const std::string& oldest, int64_t step, double idle) {
+      what = oldest + " of step " + std::to_string(step);
+      CHECK(idle > 1.0);
+      ++fires;
+    });
+    for (int i = 0; i < 30; ++i) {  // progress every 50 ms keeps it quiet
+      w.progress(1, "gradient bucket 0", 7);
+      std::this_thread::sleep_for(50ms);
+    }
+    CHECK(fires == 0);
+    w.progress(0, "", 0);  // nothing pending: quiet however long
+    std::this_thread::sleep_for(2000ms);
+    CHECK(fires == 0);
+    w.progress(2, "loss", 9);  // pending and silent
+    for (int i = 0; i < 60 && fires == 0; ++i) std::this_thread::sleep_for(50ms);
+    CHECK(fires == 1);
+    CHECK(w.fired());
+    std::this_thread::sleep_for(1500ms);
+    CHECK(fires == 1);  // once
+  }
+  CHECK(what == "loss of step 9");
+  CHECK_THROWS_WITH_AS(Watchdog(0, [](const std::string&, int64_t, double) {}),
+                       doctest::Contains("[watchdog] the limit must be > 0 s"), Error);
 }
 
 TEST_CASE("rendezvous under torchrun: MASTER_PORT is torchrun's store, ours is the next port") {

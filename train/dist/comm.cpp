@@ -4,7 +4,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -17,6 +19,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "train/dist/watchdog.h"
 #endif
 
 namespace ffn::train {
@@ -164,6 +167,17 @@ class NcclComm final : public Comm {
     int least = 0, greatest = 0;
     FFN_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     FFN_CHECK_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    // Note [Collective watchdog]: the thread cannot be unwound, so the process ends here.
+    watchdog_ = std::make_unique<Watchdog>(
+        opt.timeout_s + kWatchdogMarginS, [rank](const std::string& what, int64_t step, double idle) {
+          std::fprintf(stderr,
+                       "ffn-train: error: [nccl] rank %d: collective '%s' of step %lld is still "
+                       "pending and the host has been blocked for %.0f s in a CUDA call that waits "
+                       "for it (a peer died or hangs); exiting (Note [Collective watchdog])\n",
+                       rank, what.c_str(), static_cast<long long>(step), idle);
+          std::fflush(stderr);
+          std::_Exit(1);
+        });
   }
   ~NcclComm() override {
     if (!aborted_) {  // after an abort: no CUDA call that could wait for a stuck kernel
@@ -220,6 +234,7 @@ class NcclComm final : public Comm {
   void sync_through(int64_t n) override {
     cuda::DeviceGuard guard(device_);
     while (!pending_.empty() && enqueued_ - static_cast<int64_t>(pending_.size()) < n) {
+      report_progress();
       const Pending& p = pending_.front();
       const cudaError_t q = cudaEventQuery(p.done);
       if (q == cudaSuccess) {
@@ -247,6 +262,7 @@ class NcclComm final : public Comm {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    report_progress();
   }
 
   void profile_start() override {
@@ -339,7 +355,16 @@ class NcclComm final : public Comm {
     }
     pending_.push_back({done, std::chrono::steady_clock::now(), what, step_});
     ++enqueued_;
+    report_progress();
   }
+  void report_progress() {
+    if (pending_.empty())
+      watchdog_->progress(0, std::string(), 0);
+    else
+      watchdog_->progress(static_cast<int64_t>(pending_.size()), pending_.front().what,
+                          pending_.front().step);
+  }
+  static constexpr double kWatchdogMarginS = 30;
 
   int rank_, world_, device_;
   NcclOptions opt_;
@@ -351,6 +376,7 @@ class NcclComm final : public Comm {
   bool profiling_ = false;
   cudaEvent_t origin_ = nullptr;
   std::deque<Timed> timed_;  // profiled records not yet collected (oldest first)
+  std::unique_ptr<Watchdog> watchdog_;  // Note [Collective watchdog]
 };
 
 }  // namespace
