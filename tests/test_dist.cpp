@@ -291,6 +291,17 @@ TEST_CASE("ZeRO-1 on 2 and 3 ranks tracks plain data parallelism; resume across 
     for (const char* f : {"model.safetensors", "optim.safetensors"})
       CHECK_MESSAGE(slurp(root / ("zz" + w) / "ckpt-12" / f) == slurp(root / ("zero" + w) / "ckpt-12" / f), f);
   }
+  // Gradient accumulation (Note [Gradient accumulation]): the summed micro-batches are what
+  // gets reduce-scattered.
+  auto accum = [&](const std::string& dir, int zero) {
+    Config c = cfg(dir, zero);
+    c.train.grad_accum_steps = 2;
+    c.train.batch_size = 6;
+    for (const std::string& e : run_ranks(2, c, 0, "")) REQUIRE_MESSAGE(e.empty(), e);
+  };
+  accum("plain-acc", 0);
+  accum("zero-acc", 1);
+  close("zero-acc", "plain-acc");
   // Across modes: the files are the same layout, so each resumes the other.
   run(2, "z2p", 1, 6, false);
   run(2, "z2p", 0, 0, true);
