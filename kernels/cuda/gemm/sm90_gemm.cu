@@ -4,7 +4,6 @@
 #include "kernels/cuda/gemm/sm90_gemm.h"
 
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -14,6 +13,7 @@
 #include "core/cuda/context.h"
 #include "kernels/cuda/gemm/epilogue.cuh"
 #include "kernels/cuda/gemm/mainloop.cuh"
+#include "kernels/cuda/gemm/tensor_map.h"
 
 namespace ffn::cuda {
 
@@ -144,37 +144,9 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda needed).
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    FFN_CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                                    cudaEnableDefault, &q));
-    FFN_CHECK(p && q == cudaDriverEntryPointSuccess,
-              "[sm90_gemm] cuTensorMapEncodeTiled is not available from the driver");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A row-major [rows, cols] matrix as boxes of box_rows rows × 64 columns with 128-byte
-// swizzling (for loads and stores alike).
+// A row-major [rows, cols] operand as boxes of box_rows rows × 64 columns (tensor_map.h).
 CUtensorMap tensor_map(const Tensor& t, int box_rows) {
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(t.size(1)),
-                              static_cast<cuuint64_t>(t.size(0))};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(t.size(1)) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = encode_fn()(
-      &map, t.dtype() == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      2, const_cast<void*>(t.data_ptr()), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  FFN_CHECK(r == CUDA_SUCCESS, "[sm90_gemm] cuTensorMapEncodeTiled failed (", static_cast<int>(r),
-            ") for a ", shape_str(t.shape()), " ", dtype_name(t.dtype()), " operand");
-  return map;
+  return tensor_map_2d(t, box_rows, "sm90_gemm");
 }
 
 template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi>
@@ -345,8 +317,7 @@ bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c, bool
   if (!a.defined() || !b.defined() || !c.defined() || !a.is_cuda()) return false;
   if (a.dtype() != b.dtype() || a.dtype() != c.dtype()) return false;
   if (a.dtype() != DType::bf16 && a.dtype() != DType::f16) return false;
-  const cudaDeviceProp& p = properties(a.device().index);
-  if (p.major != 9 || p.minor != 0) return false;
+  if (!gemm::sm90a_code_on(a.device().index)) return false;  // Note [sm_90a code]
   if (a.dim() != 2 || b.dim() != 2 || c.dim() != 2) return false;
   if (!a.is_contiguous() || !b.is_contiguous() || !c.is_contiguous()) return false;
   const int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
