@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <vector>
@@ -16,7 +17,9 @@
 #include "core/cuda/context.h"
 #include "core/cuda/timer.h"
 #include "core/generator.h"
+#include "kernels/attention.h"
 #include "kernels/bias_act_dropout.h"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
 #include "kernels/bias_glu_dropout.h"
@@ -316,6 +319,47 @@ void xent_bench(int device, int warmup, int iters) {
   std::fflush(stdout);
 }
 
+// The fused causal attention (kernels/attention.h) at the models' shapes, each CUDA
+// implementation forward and backward: ms and TFLOP/s of the causal products (forward 2,
+// backward 5 of 2·T²·D/2 per head; the backward kernels compute 7, Note [Hopper attention]).
+void attention_bench(int device, int warmup, int iters, float p_drop) {
+  const Device dev = Device::cuda(device);
+  struct Shape {
+    const char* name;
+    int64_t b, t, h, d;
+  };
+  for (const Shape sh : {Shape{"gpt2_small", 16, 1024, 12, 64}, Shape{"gpt2_t512", 32, 512, 12, 64},
+                         Shape{"shakespeare_char", 64, 256, 6, 64}}) {
+    Generator g(9);
+    const int64_t c = sh.h * sh.d;
+    const Tensor qkv = Tensor::randn({sh.b, sh.t, 3 * c}, g, DType::bf16, dev);
+    const Tensor dy = Tensor::randn({sh.b, sh.t, c}, g, DType::bf16, dev);
+    Tensor y = Tensor::empty({sh.b, sh.t, c}, DType::bf16, dev);
+    Tensor lse = Tensor::empty({sh.b * sh.h, sh.t}, DType::f32, dev);
+    Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, dev);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(sh.d));
+    const DropoutSpec d{p_drop, 7, 0};
+    const double flop = 2.0 * static_cast<double>(sh.b * sh.h) * static_cast<double>(sh.t) *
+                        static_cast<double>(sh.t) * static_cast<double>(sh.d);  // one causal product
+    for (cuda::AttentionKernel k : {cuda::AttentionKernel::mma_sync, cuda::AttentionKernel::sm90}) {
+      if (k == cuda::AttentionKernel::sm90 && !cuda::sm90_attention_supported(qkv, sh.h)) continue;
+      const double fwd = median_ms(device, warmup, iters,
+                                   [&] { cuda::fused_attention(qkv, sh.h, scale, d, y, lse, k); });
+      const double bwd = median_ms(device, warmup, iters, [&] {
+        cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, k);
+      });
+      std::printf("{\"attention\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"t\": %lld, "
+                  "\"h\": %lld, \"d\": %lld, \"dropout\": %.2f, \"forward_ms\": %.4f, "
+                  "\"backward_ms\": %.4f, \"forward_tflops\": %.1f, \"backward_tflops\": %.1f}\n",
+                  sh.name, k == cuda::AttentionKernel::sm90 ? "sm90" : "mma_sync",
+                  static_cast<long long>(sh.b), static_cast<long long>(sh.t),
+                  static_cast<long long>(sh.h), static_cast<long long>(sh.d), p_drop, fwd, bwd,
+                  2 * flop / fwd / 1e9, 5 * flop / bwd / 1e9);
+      std::fflush(stdout);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
@@ -336,6 +380,12 @@ int main(int argc, char** argv) {
   app.add_flag("--xent", xent, "Only the GPT-2 classifier's cross-entropy (forward, backward)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
+  bool attention = false;
+  float attention_dropout = 0.0f;
+  app.add_flag("--attention", attention,
+               "Only the fused attention kernels (mma.sync and Hopper) at the GPT shapes");
+  app.add_option("--attention-dropout", attention_dropout, "Attention dropout p for --attention")
+      ->check(CLI::Range(0.0, 1.0));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -347,6 +397,10 @@ int main(int argc, char** argv) {
     const auto& props = cuda::properties(device);
     if (xent) {
       xent_bench(device, warmup, iters);
+      return 0;
+    }
+    if (attention) {
+      attention_bench(device, warmup, iters, attention_dropout);
       return 0;
     }
     if (gemm_table) {

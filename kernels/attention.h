@@ -17,9 +17,11 @@
 //
 // The CPU reference recomputes everything in f64 (it ignores y and lse in backward). The
 // CUDA kernels take bf16/f16 with head_dim 32, 64 or 128 (fused_attention_supported); they
-// keep scores and probabilities in registers (mma.sync tensor cores, fp32 accumulation), so
-// T is not bounded by shared memory, and are deterministic (no atomics: dQ and dK/dV come
-// from two kernels that each recompute the probabilities).
+// keep scores and probabilities in registers (tensor cores, fp32 accumulation), so T is not
+// bounded by shared memory, and are deterministic (no atomics: dQ and dK/dV come from two
+// kernels that each recompute the probabilities). Two implementations: mma.sync for any
+// GPU (kernels/cuda/attention.cu), wgmma + TMA on Hopper for head_dim 64
+// (kernels/cuda/attention_sm90.cu, Note [Hopper attention]).
 #pragma once
 
 #include "core/philox.h"
@@ -47,13 +49,18 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& dy, int64_t heads
                               const DropoutSpec& d, Tensor& dqkv);
 }  // namespace cpu
 namespace cuda {
+// Which CUDA kernels run: automatic takes the Hopper (wgmma + TMA) ones where they apply
+// (sm90_attention_supported: an sm_90a build on a Hopper GPU, head_dim 64) and the mma.sync
+// ones elsewhere (the environment variable FFN_ATTENTION_KERNEL = mma_sync | sm90 overrides
+// it, for A/B runs of whole programs); the others force one (tests and benchmarks).
+enum class AttentionKernel : uint8_t { automatic, mma_sync, sm90 };
 bool fused_attention_supported(DType dt, int64_t t, int64_t head_dim);
 bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim);
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
-                     Tensor& y, Tensor& lse);
+                     Tensor& y, Tensor& lse, AttentionKernel kernel = AttentionKernel::automatic);
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv);
+                              Tensor& dqkv, AttentionKernel kernel = AttentionKernel::automatic);
 }  // namespace cuda
 
 }  // namespace ffn

@@ -10,6 +10,7 @@
 #include "kernels/bias_glu_dropout.h"
 #include "kernels/causal_softmax.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
@@ -45,11 +46,12 @@ bool fused_attention_supported(DType, int64_t, int64_t) {
 bool fused_attention_preferred(DType, int64_t, int64_t) {
   return false;
 }
-void fused_attention(const Tensor&, int64_t, double, const DropoutSpec&, Tensor&, Tensor&) {
+void fused_attention(const Tensor&, int64_t, double, const DropoutSpec&, Tensor&, Tensor&,
+                     AttentionKernel) {
   no_cuda("fused_attention");
 }
 void fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                              double, const DropoutSpec&, Tensor&) {
+                              double, const DropoutSpec&, Tensor&, AttentionKernel) {
   no_cuda("fused_attention_backward");
 }
 
@@ -117,6 +119,17 @@ void sm90_gemm(const Tensor&, const Tensor&, Tensor&, const Sm90GemmArgs&) {
 void sm90_gemm_nt_bias_act_dropout(const Tensor&, const Tensor&, const Tensor&, Activation,
                                    const DropoutSpec&, Tensor&, Tensor*, Sm90Schedule) {
   no_cuda("sm90_gemm");
+}
+
+bool sm90_attention_supported(const Tensor&, int64_t) {
+  return false;
+}
+void sm90_attention_forward(const Tensor&, int64_t, float, const DropoutSpec&, Tensor&, Tensor&) {
+  no_cuda("fused_attention");
+}
+void sm90_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                             float, const DropoutSpec&, Tensor&) {
+  no_cuda("fused_attention_backward");
 }
 
 void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {

@@ -13,13 +13,16 @@
 //   dkv: one block per 64 keys (launched after dq). Walks the query tiles from the
 //        diagonal on: Sᵀ = K·Qᵀ, dPdᵀ = V·dYᵀ → pdᵀ, dSᵀ → dV += pdᵀ·dY, dK += dSᵀ·Q.
 // The streamed tiles (K/V in forward and dq, Q/dY in dkv) are double-buffered with cp.async.
-// No limit on T beyond the grid (64·65535 rows).
+// No limit on T beyond the grid (64·65535 rows). On Hopper with head_dim 64 the entry points
+// hand over to the wgmma kernels of attention_sm90.cu (Note [Hopper attention]).
 //
 // Note [Attention mask draws]: element (bh, i, j) uses draw (bh·T + i)·T + j. Before the
 // probabilities of a tile, a warp draws its tile's keep bits into shared memory, one byte
 // per (query, 8 consecutive keys) — one Philox call when T % 8 == 0, so no draw is made
 // twice — and each lane then picks the bits of its fragment elements.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <cstdint>
 #include <initializer_list>
 #include <map>
@@ -27,16 +30,17 @@
 #include <utility>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/rowwise.cuh"
 
 namespace ffn::cuda {
 
 namespace {
 
-using u32 = uint32_t;
+using namespace attn;  // pack2, ex2, draw_bytes (attention.cuh)
 constexpr int kTile = 64;   // rows per block, keys or queries per streamed tile
 constexpr int kWarps = 4;   // 16 rows each
-constexpr float kLog2e = 1.4426950408889634f;
 
 // ---------------------------------------------------------------------------------------
 // Memory movement.
@@ -96,24 +100,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const u32 (&a)[4], u32 b
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats rounded to T (nearest even), lo in the low half.
-template <class T>
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const u32*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const u32*>(&v);
-  }
-}
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(−inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // The A fragments of rows [0, 16) × k-columns [16kk, 16kk+16) of a row-major 16-bit tile
@@ -201,50 +187,6 @@ __device__ __forceinline__ void store_acc(const float (&acc)[D / 8][4], float mu
 }
 
 // ---------------------------------------------------------------------------------------
-// Dropout bits (Note [Attention mask draws]).
-
-// Keep bits of draws e0 … e0+7 (bit j for e0 + j).
-__device__ __forceinline__ u32 keep_bits8(const DeviceMask& m, uint64_t e0) {
-  uint64_t blk = e0 >> 3;
-  U32x4 r = philox_block(m.keys, m.offset, blk);
-  u32 bits = 0;
-  if ((e0 & 7) == 0) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      bits |= static_cast<u32>(((r.v[j >> 1] >> (16 * (j & 1))) & 0xffffu) >= m.thr) << j;
-    return bits;
-  }
-  for (int j = 0; j < 8; ++j) {
-    const uint64_t e = e0 + j;
-    if ((e >> 3) != blk) r = philox_block(m.keys, m.offset, blk = e >> 3);
-    bits |= static_cast<u32>(mask_draw(r, e) >= m.thr) << j;
-  }
-  return bits;
-}
-
-struct QueryKeys {  // query i and keys [j0, j0+8)
-  int64_t i, j0;
-};
-
-// Fills the warp's 128 mask bytes: byte idx covers query q(idx), keys [k(idx), k(idx)+8);
-// entries with no key ≤ query (or query ≥ T) are 0.
-template <class QK>
-__device__ __forceinline__ void draw_bytes(uint8_t* mb, const DeviceMask& m, int64_t bh, int64_t t,
-                                           int lane, const QK& qk) {
-  __syncwarp();  // the previous tile's bytes have been read
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int idx = lane + 32 * u;
-    const QueryKeys at = qk(idx);
-    mb[idx] = at.i < t && at.j0 <= at.i
-                  ? static_cast<uint8_t>(
-                        keep_bits8(m, (static_cast<uint64_t>(bh) * t + at.i) * t + at.j0))
-                  : uint8_t{0};
-  }
-  __syncwarp();
-}
-
-// ---------------------------------------------------------------------------------------
 // Forward.
 
 template <int D>
@@ -326,7 +268,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
     if (mask.active)
-      draw_bytes(mb, mask, bh, t, lane, [&](int idx) {
+      draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
         return QueryKeys{qw + (idx >> 3), k0 + 8 * (idx & 7)};
       });
 #pragma unroll
@@ -450,7 +392,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     mma_abt<D>(s, qs + warp * 16 * LD, ks, lane);
     mma_abt<D>(dp, dos + warp * 16 * LD, vs, lane);
     if (mask.active)
-      draw_bytes(mb, mask, bh, t, lane, [&](int idx) {
+      draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
         return QueryKeys{qw + (idx >> 3), k0 + 8 * (idx & 7)};
       });
     const bool diag = kt == nkt - 1;
@@ -532,7 +474,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     mma_abt<D>(st, ks + warp * 16 * LD, qs, lane);
     mma_abt<D>(dpt, vs + warp * 16 * LD, dos, lane);
     if (mask.active)  // byte idx: query q0 + idx % 64, keys kw + 8·(idx / 64) …
-      draw_bytes(mb, mask, bh, t, lane, [&](int idx) {
+      draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
         return QueryKeys{q0 + (idx & 63), kw + 8 * (idx >> 6)};
       });
     const bool diag = it == 0;
@@ -634,8 +576,46 @@ bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim) {
   return fused_attention_supported_impl(dt, t, head_dim);
 }
 
+namespace {
+// The Hopper kernels where asked for or, automatically, where they apply.
+// automatic can be overridden for A/B runs of whole programs with FFN_ATTENTION_KERNEL =
+// mma_sync | sm90 (read once).
+AttentionKernel from_environment() {
+  static const AttentionKernel k = [] {
+    const char* v = std::getenv("FFN_ATTENTION_KERNEL");
+    if (!v || !*v || std::string(v) == "auto") return AttentionKernel::automatic;
+    if (std::string(v) == "mma_sync") return AttentionKernel::mma_sync;
+    FFN_CHECK(std::string(v) == "sm90", "[fused_attention] FFN_ATTENTION_KERNEL must be auto, ",
+              "mma_sync or sm90, got '", v, "'");
+    return AttentionKernel::sm90;
+  }();
+  return k;
+}
+
+// automatic: the Hopper kernels from T = 512 on. Measured on the H100 (bench/RESULTS.md,
+// session 10; ffn-bench --attention): at T = 1024 (gpt2_small) they take 0.164 / 0.483 ms
+// forward / backward against mma.sync's 0.187 / 0.552; at T = 256 (shakespeare_char) 0.049 /
+// 0.142 against 0.044 / 0.123 — their 128-row blocks leave short sequences too few CTAs.
+constexpr int64_t kSm90MinT = 512;
+
+bool use_sm90(const Tensor& qkv, int64_t heads, AttentionKernel kernel, const char* op) {
+  if (kernel == AttentionKernel::automatic) {
+    kernel = from_environment();
+    if (kernel == AttentionKernel::automatic && qkv.size(1) < kSm90MinT) return false;
+  }
+  if (kernel == AttentionKernel::mma_sync) return false;
+  const bool ok = sm90_attention_supported(qkv, heads);
+  FFN_CHECK(ok || kernel == AttentionKernel::automatic, "[", op,
+            "] the Hopper kernels were asked for but cannot run ", qkv.desc(), " with ", heads,
+            " heads (they need an sm_90a build on a Hopper GPU and head_dim 64)");
+  return ok;
+}
+}  // namespace
+
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
-                     Tensor& y, Tensor& lse) {
+                     Tensor& y, Tensor& lse, AttentionKernel kernel) {
+  if (use_sm90(qkv, heads, kernel, "fused_attention"))
+    return sm90_attention_forward(qkv, heads, static_cast<float>(scale), d, y, lse);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
   check_aligned({&qkv, &y}, "fused_attention");
@@ -657,7 +637,9 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv) {
+                              Tensor& dqkv, AttentionKernel kernel) {
+  if (use_sm90(qkv, heads, kernel, "fused_attention_backward"))
+    return sm90_attention_backward(qkv, y, dy, lse, heads, static_cast<float>(scale), d, dqkv);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
   check_aligned({&qkv, &y, &dy, &dqkv}, "fused_attention_backward");

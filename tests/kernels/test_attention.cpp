@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/causal_softmax.h"
 #include "kernels/gemm.h"
 #include "layers/functional.h"
@@ -146,15 +147,27 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
     int64_t b, t, h, d;
   };
   for (Case cs : {Case{1, 1, 1, 64}, Case{2, 7, 3, 32}, Case{1, 100, 2, 64}, Case{2, 256, 3, 64},
-                  Case{1, 130, 2, 128}, Case{1, 1100, 1, 64}})
+                  Case{3, 200, 2, 64}, Case{1, 130, 2, 128}, Case{1, 1100, 1, 64}})
     for (DType dt : {DType::bf16, DType::f16})
-      for (float p : {0.0f, 0.2f}) {
+      for (float p : {0.0f, 0.2f})
+        for (cuda::AttentionKernel kernel :
+             {cuda::AttentionKernel::automatic, cuda::AttentionKernel::mma_sync,
+              cuda::AttentionKernel::sm90}) {
+        // Each implementation that runs here on the same case: automatic (what the layers
+        // use), then mma.sync and the Hopper kernels (head_dim 64 on an sm_90a build and GPU)
+        // forced.
+        const bool hopper = cuda::sm90_attention_supported(
+            Tensor::empty({cs.b, cs.t, 3 * cs.h * cs.d}, dt, kGpu), cs.h);
+        if (kernel != cuda::AttentionKernel::automatic && !hopper) continue;
         CAPTURE(cs.t);
         CAPTURE(cs.d);
         CAPTURE(p);
         std::string tag = " ";
         tag += dtype_name(dt);
         tag += " T=" + std::to_string(cs.t);
+        tag += kernel == cuda::AttentionKernel::mma_sync ? " mma.sync"
+               : kernel == cuda::AttentionKernel::sm90  ? " sm90"
+                                                        : " automatic";
         REQUIRE(fused_attention_supported(dt, cs.t, cs.d));
         const int64_t c = cs.h * cs.d;
         const DropoutSpec d{p, 5, 9};
@@ -179,13 +192,15 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
         Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
         Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
         const Tensor xg = qkv.to(dt).to(kGpu), dyg = dy.to(dt).to(kGpu);
-        fused_attention(xg, cs.h, scale, d, y, lse);
+        y.fill_(std::nan(""));  // every element must be written
+        cuda::fused_attention(xg, cs.h, scale, d, y, lse, kernel);
         Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu);
-        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1);
+        g1.fill_(std::nan(""));
+        cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1, kernel);
         const std::vector<Tensor> fused = {y.to(Device::cpu()).to(DType::f64),
                                            g1.to(Device::cpu()).to(DType::f64)};
         const auto naive = run(kGpu, dt, false);
-        if (fused_attention_preferred(dt, cs.t, cs.d)) {
+        if (fused_attention_preferred(dt, cs.t, cs.d) && kernel == cuda::AttentionKernel::automatic) {
           const auto layer = run(kGpu, dt, true);
           CHECK_MESSAGE(max_abs_diff(layer[0], fused[0]) == 0.0, "layer y == kernel y", tag);
           CHECK_MESSAGE(max_abs_diff(layer[1], fused[1]) == 0.0, "layer dqkv == kernel dqkv", tag);
@@ -220,7 +235,7 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
         check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
         // Deterministic: a second backward gives the same bits.
         Tensor g2 = Tensor::empty(xg.shape(), dt, kGpu);
-        fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2);
+        cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, kernel);
         CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
                                    g2.to(Device::cpu()).to(DType::f64)) == 0.0,
                       "backward is deterministic", tag);
@@ -235,4 +250,11 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
       fused_attention(Tensor::zeros({1, 4, 144}, DType::bf16, kGpu), 1, 0.1, {}, y, lse),
       doctest::Contains("[fused_attention] the CUDA kernel takes bf16/f16, head_dim 32, 64 or 128"),
       Error);
+  // Asking for the Hopper kernels where they cannot run (head_dim 32 here) says so.
+  Tensor y32 = Tensor::empty({1, 4, 32}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH_AS(cuda::fused_attention(Tensor::zeros({1, 4, 96}, DType::bf16, kGpu), 1, 0.1,
+                                             {}, y32, lse, cuda::AttentionKernel::sm90),
+                       doctest::Contains("[fused_attention] the Hopper kernels were asked for but "
+                                         "cannot run"),
+                       Error);
 }

@@ -1,0 +1,673 @@
+// kernels/cuda/attention_sm90.cu — the fused causal attention (kernels/attention.h) on Hopper:
+// wgmma tensor-core MMAs fed by TMA, head size 64 (kernels/cuda/attention_sm90.h).
+//
+// Note [Hopper attention]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Three kernels with the same math and the same split as the mma.sync ones (attention.cu):
+// forward; backward dq (also writes D_i = dy_i·y_i); backward dk/dv (launched after dq). Each
+// CTA is 384 threads: warpgroup 0 is the producer (one thread issues TMA loads; setmaxnreg
+// gives its registers away), warpgroups 1 and 2 are consumers owning 64 rows each of the
+// CTA's 128-row block. The block's own tiles ("resident": Q in forward, Q and dY in dq, K and
+// V in dk/dv) are loaded once; the other side's tiles ("streamed") pass through a ring of
+// shared-memory stages with full/empty mbarriers (Note [Hopper GEMM pipeline]'s protocol:
+// full[s] completes on the TMA bytes, empty[s] on one arrival per consumer warp).
+//
+// Per streamed tile, each consumer warpgroup issues the score products with A and B from
+// shared memory (S = Q·Kᵀ, and dP = dY·Vᵀ in backward; Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ in dk/dv),
+// works on them in registers (wgmma's accumulator layout is mma.sync's C fragment layout, 16
+// rows per warp, so the softmax, masking and dropout code reads like attention.cu's), packs
+// the probabilities or dS to 16 bits, which is the A-operand register layout, and issues the
+// second products with A from registers and B the streamed (or resident) tile read N-major:
+// O += P·V; dQ += dS·K; dV += Pdᵀ·dY, dK += dSᵀ·Q.
+//
+// Tiles are 64 columns (the head) by 64 or 128 rows, 128-byte rows swizzled by TMA as the
+// wgmma descriptors expect (sm90.cuh). Loads go through 3-D tensor maps over [B, T, columns],
+// so rows past T (the last block of a sequence) load as zeros and never read the next
+// sequence; those rows are masked (keys) or not stored (queries). Sizes: forward streams
+// 128-key tiles (S is 64×128 per warpgroup); the backward kernels stream 64-row tiles, which
+// keeps S, dP, dS and both accumulators of dk/dv within the consumers' 232 registers.
+//
+// Same results as attention.cu up to fp32 summation order (the reference tests hold both to
+// the same bound); deterministic (no atomics, fixed order); mask bits from
+// Note [Attention mask draws], so both kernels drop the same entries.
+#include "kernels/cuda/attention_sm90.h"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <utility>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/gemm/sm90.cuh"
+#include "kernels/cuda/gemm/tensor_map.h"
+#include "kernels/cuda/gemm/wgmma.cuh"
+#include "kernels/cuda/rowwise.cuh"
+
+namespace ffn::cuda {
+
+namespace attn90 {
+namespace {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FFN_ATTN_SM90_CODE 1
+#else
+#define FFN_ATTN_SM90_CODE 0
+#endif
+
+using attn::ex2;
+using attn::kLog2e;
+using attn::pack2;
+using attn::QueryKeys;
+using attn::u32;
+using namespace gemm;  // mbarriers, TMA, wgmma descriptors and instructions
+
+constexpr int kD = 64;          // head size
+constexpr int kRowBytes = 128;  // one 64-element row of a tile
+constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
+[[maybe_unused]] constexpr uint32_t kBox64 = 64 * kRowBytes;  // one 64-row tile's bytes
+
+// Shared memory of one CTA: two resident 128-row tiles, STAGES stages of two streamed
+// SROWS-row tiles (all 1024-byte aligned for the 128-byte swizzle), the warps' mask bytes,
+// the consumers' row statistics, the barriers.
+template <int SROWS, int STAGES>
+struct Pipe {
+  static constexpr int kResBytes = 128 * kRowBytes;
+  static constexpr int kTileBytes = SROWS * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kMaskBytes = 8 * 256;       // 8 consumer warps × 256 bytes
+  static constexpr int kStatFloats = 2 * 2 * 128;  // 2 warpgroups × 2 buffers × 128
+  static constexpr int kSmem =
+      1024 + 2 * kResBytes + STAGES * kStageBytes + kMaskBytes + kStatFloats * 4 + (2 * STAGES + 1) * 8;
+
+  uint8_t* tiles;
+  uint8_t* mask;
+  float* stats;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* res;
+
+  __device__ static Pipe carve(uint8_t* raw) {
+    Pipe p;
+    p.tiles = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    p.mask = p.tiles + 2 * kResBytes + STAGES * kStageBytes;
+    p.stats = reinterpret_cast<float*>(p.mask + kMaskBytes);
+    p.full = reinterpret_cast<uint64_t*>(p.stats + kStatFloats);
+    p.empty = p.full + STAGES;
+    p.res = p.empty + STAGES;
+    return p;
+  }
+  __device__ uint8_t* resident(int i) const { return tiles + i * kResBytes; }
+  __device__ uint8_t* tile(int s, int i) const {
+    return tiles + 2 * kResBytes + s * kStageBytes + i * kTileBytes;
+  }
+  __device__ void init() const {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);
+    }
+    mbar_init(res, 1);
+    fence_barrier_init();
+  }
+};
+
+// One tile load: a tensor map and the column of the head's slice in it.
+struct Load {
+  const CUtensorMap* map;
+  int col;
+};
+
+// The producer thread: the resident tiles at row res_row (r1.map may be null), then n
+// streamed pairs at rows srow0, srow0 + SROWS, … of sequence b.
+template <int SROWS, int STAGES>
+__device__ void produce(const Pipe<SROWS, STAGES>& p, Load r0, Load r1, int res_row, Load s0,
+                        Load s1, int srow0, int n, int b) {
+  using P = Pipe<SROWS, STAGES>;
+  mbar_arrive_expect_tx(p.res, (r1.map ? 2 : 1) * P::kResBytes);
+  tma_load_3d(p.resident(0), r0.map, p.res, r0.col, res_row, b);
+  if (r1.map) tma_load_3d(p.resident(1), r1.map, p.res, r1.col, res_row, b);
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int i = 0; i < n; ++i) {
+    mbar_wait(&p.empty[stage], phase ^ 1);
+    mbar_arrive_expect_tx(&p.full[stage], P::kStageBytes);
+    const int row = srow0 + i * SROWS;
+    tma_load_3d(p.tile(stage, 0), s0.map, &p.full[stage], s0.col, row, b);
+    tma_load_3d(p.tile(stage, 1), s1.map, &p.full[stage], s1.col, row, b);
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
+}
+
+// The consumers' walk over the ring.
+template <int SROWS, int STAGES>
+struct Ring {
+  int stage = 0;
+  uint32_t phase = 0;
+  __device__ void wait(const Pipe<SROWS, STAGES>& p) const { mbar_wait(&p.full[stage], phase); }
+  __device__ void release(const Pipe<SROWS, STAGES>& p, int lane) {
+    if (lane == 0) mbar_arrive(&p.empty[stage]);
+    if (++stage == STAGES) stage = 0, phase ^= 1;
+  }
+};
+
+// Keeps the compiler from reusing A-operand registers before the wgmmas reading them are done.
+template <int K>
+__device__ __forceinline__ void fence_operands(u32 (&a)[K][4]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[k][j])::"memory");
+}
+
+// An accumulator tile (N columns, wgmma layout: element 4n+e is row g + 8(e/2), column
+// 8n + 2(l%4) + e%2) as A fragments of N/16 k-steps.
+template <class T, int N>
+__device__ __forceinline__ void to_a(const float (&s)[N / 2], u32 (&a)[N / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// Writes a warp's 16 rows × 64 columns (acc × mul) to rows r0 + g (+8) of a row-major
+// 16-bit matrix at g (row stride ld); rows ≥ t are skipped.
+template <class T>
+__device__ __forceinline__ void store_rows(const float (&acc)[32], float mul0, float mul1, T* g,
+                                           int64_t ld, int64_t r0, int64_t t, int lane) {
+  const int gr = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = r0 + gr + 8 * half;
+    if (row >= t) continue;
+    const float mul = half ? mul1 : mul0;
+    u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+      out[4 * n] = pack2<T>(acc[4 * n + 2 * half] * mul, acc[4 * n + 2 * half + 1] * mul);
+  }
+}
+
+// S (64×N) = A·Bᵀ over the head, A and B K-major tiles at descriptors da, db.
+template <int N, class T>
+__device__ __forceinline__ void mma_scores(float (&s)[N / 2], uint64_t da, uint64_t db) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) Wgmma<N, T>::template mma<0, 0>(s, da + 2 * kk, db + 2 * kk, kk);
+}
+// acc (64×64) += A·B, A as K/16 register fragments, B a K-row tile read N-major at db.
+template <int K, class T>
+__device__ __forceinline__ void mma_rows(float (&acc)[32], const u32 (&a)[K / 16][4], uint64_t db) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+    WgmmaRegA<64, T>::template mma<1>(acc, a[kk], db + (kk * 16 * kRowBytes >> 4), 1);
+}
+
+struct Geometry {
+  int64_t t;
+  int heads;
+  float scale;
+};
+
+// ---------------------------------------------------------------------------------------
+// Forward: 128 queries per CTA, 128-key tiles.
+
+constexpr int kFwdRows = 128, kFwdStages = 3;
+using FwdPipe = Pipe<kFwdRows, kFwdStages>;
+
+template <class T>
+__device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t bh, T* y,
+                            float* lse, int64_t q0, int nkt, const DeviceMask& mask) {
+  const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
+  const int gr = lane >> 2, cq = lane & 3;
+  const int64_t t = g.t, qw = q0 + 64 * c + 16 * warp;
+  uint8_t* mb = p.mask + (4 * c + warp) * 256;
+  const float sl2 = g.scale * kLog2e;
+  float o[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+  mbar_wait(p.res, 0);
+  const uint64_t dq = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
+  Ring<kFwdRows, kFwdStages> ring;
+  for (int kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = 128LL * kt;
+    float s[64];
+    ring.wait(p);
+    wgmma_fence();
+    mma_scores<128, T>(s, dq, smem_desc_k128(p.tile(ring.stage, 0)));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    const bool diag = kt == nkt - 1;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = qw + gr + 8 * (e >> 1), j = k0 + 8 * n + 2 * cq + (e & 1);
+        const float v = diag && j > i ? -INFINITY : s[4 * n + e] * sl2;
+        s[4 * n + e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(mrow[r], mx[r]);  // finite: key k0 ≤ every query of the block
+      alpha[r] = ex2(mrow[r] - mnew);
+      mrow[r] = mnew;
+      lrow[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
+    if (mask.active)
+      attn::draw_bytes<8>(mb, mask, bh, t, lane, [&](int idx) {
+        return QueryKeys{qw + (idx >> 4), k0 + 8 * (idx & 15)};
+      });
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float pr = ex2(s[4 * n + e] - mrow[e >> 1]);
+        lrow[e >> 1] += pr;
+        float f = 1.0f;
+        if (mask.active) {
+          const int bits = mb[(gr + 8 * (e >> 1)) * 16 + n];
+          f = (bits >> (2 * cq + (e & 1))) & 1 ? mask.scale : 0.0f;
+        }
+        s[4 * n + e] = pr * f;
+      }
+    u32 pa[8][4];
+    to_a<T, 128>(s, pa);
+    wgmma_fence();
+    mma_rows<128, T>(o, pa, smem_desc_mn128(p.tile(ring.stage, 1), kBox64));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(o);
+    fence_operands(pa);
+    ring.release(p, lane);
+  }
+  float inv[2];
+  const int64_t bhl = bh;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+    inv[r] = 1.0f / lrow[r];
+    const int64_t i = qw + gr + 8 * r;
+    if (cq == 0 && i < t) lse[bhl * t + i] = (mrow[r] + __log2f(lrow[r])) / kLog2e;
+  }
+  const int64_t b = bh / g.heads, h = bh % g.heads, ldy = static_cast<int64_t>(g.heads) * kD;
+  store_rows<T>(o, inv[0], inv[1], y + b * t * ldy + h * kD, ldy, qw, t, lane);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    fwd_kernel(const __grid_constant__ CUtensorMap qkv128, T* y, float* lse, Geometry g,
+               DeviceMask mask) {
+#if FFN_ATTN_SM90_CODE
+  extern __shared__ uint8_t smem_raw[];
+  const FwdPipe p = FwdPipe::carve(smem_raw);
+  const int64_t bh = blockIdx.x;
+  const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
+  const int qt = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // long rows first
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&qkv128);
+    p.init();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    regs_dealloc<40>();
+    if (threadIdx.x == 0)
+      produce(p, Load{&qkv128, h * kD}, Load{nullptr, 0}, 128 * qt,
+              Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD}, 0, qt + 1,
+              b);
+  } else {
+    regs_alloc<232>();
+    fwd_consume<T>(p, g, threadIdx.x / 128 - 1, bh, y, lse, 128LL * qt, qt + 1, mask);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward dq: 128 queries per CTA, 64-key tiles; writes dsum = D for dk/dv.
+
+constexpr int kBwdRows = 64, kBwdStages = 4;
+using BwdPipe = Pipe<kBwdRows, kBwdStages>;
+
+template <class T>
+__device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t bh, const T* y,
+                           const T* dy, const float* lse, float* dsum, T* dqkv, int64_t q0,
+                           int nkt, const DeviceMask& mask) {
+  const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
+  const int gr = lane >> 2, cq = lane & 3;
+  const int64_t t = g.t, qw = q0 + 64 * c + 16 * warp;
+  const int64_t b = bh / g.heads, h = bh % g.heads, ldy = static_cast<int64_t>(g.heads) * kD;
+  uint8_t* mb = p.mask + (4 * c + warp) * 256;
+  float* dsum_s = p.stats + c * 256;
+  const float sl2 = g.scale * kLog2e;
+  {  // D_i = dy_i·y_i of the warpgroup's 64 rows, two threads per row (32 columns each)
+    const int r = tid >> 1, part = tid & 1;
+    const int64_t i = q0 + 64 * c + r;
+    float acc = 0.0f;
+    if (i < t) {
+      const T* yr = y + (b * t + i) * ldy + h * kD + part * 32;
+      const T* dyr = dy + (b * t + i) * ldy + h * kD + part * 32;
+#pragma unroll
+      for (int c0 = 0; c0 < 32; c0 += 8) {
+        float a[8], d8[8];
+        load_vec<8>(yr + c0, a);
+        load_vec<8>(dyr + c0, d8);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc += a[j] * d8[j];
+      }
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    if (part == 0) {
+      dsum_s[r] = acc;
+      if (i < t) dsum[bh * t + i] = acc;
+    }
+  }
+  named_barrier_sync(1 + c, 128);
+  float l2[2], dr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = qw + gr + 8 * r;
+    l2[r] = i < t ? lse[bh * t + i] * kLog2e : 0.0f;
+    dr[r] = dsum_s[16 * warp + gr + 8 * r];
+  }
+  float dq[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
+  mbar_wait(p.res, 0);
+  const uint64_t dqd = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
+  const uint64_t dyd = smem_desc_k128(p.resident(1) + c * 64 * kRowBytes);
+  Ring<kBwdRows, kBwdStages> ring;
+  for (int kt = 0; kt < nkt; ++kt) {
+    const int64_t k0 = 64LL * kt;
+    float s[32], dp[32];
+    ring.wait(p);
+    wgmma_fence();
+    mma_scores<64, T>(s, dqd, smem_desc_k128(p.tile(ring.stage, 0)));
+    mma_scores<64, T>(dp, dyd, smem_desc_k128(p.tile(ring.stage, 1)));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    fence_accumulators(dp);
+    const bool near = k0 + 63 > q0 + 64 * c;  // some key of the tile is after a query
+    if (mask.active)
+      attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
+        return QueryKeys{qw + (idx >> 3), k0 + 8 * (idx & 7)};
+      });
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int64_t i = qw + gr + 8 * r, j = k0 + 8 * n + 2 * cq + (e & 1);
+        const float pr = near && j > i ? 0.0f : ex2(s[4 * n + e] * sl2 - l2[r]);
+        float f = 1.0f;
+        if (mask.active) {
+          const int bits = mb[(gr + 8 * r) * 8 + n];
+          f = (bits >> (2 * cq + (e & 1))) & 1 ? mask.scale : 0.0f;
+        }
+        s[4 * n + e] = pr * (dp[4 * n + e] * f - dr[r]);
+      }
+    u32 da[4][4];
+    to_a<T, 64>(s, da);
+    wgmma_fence();
+    mma_rows<64, T>(dq, da, smem_desc_mn128(p.tile(ring.stage, 0), kBox64));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(dq);
+    fence_operands(da);
+    ring.release(p, lane);
+  }
+  const int64_t ld = 3 * ldy;
+  store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    dq_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
+              const __grid_constant__ CUtensorMap dy128, const T* y, const T* dy, const float* lse,
+              float* dsum, T* dqkv, Geometry g, DeviceMask mask) {
+#if FFN_ATTN_SM90_CODE
+  extern __shared__ uint8_t smem_raw[];
+  const BwdPipe p = BwdPipe::carve(smem_raw);
+  const int64_t bh = blockIdx.x;
+  const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
+  const int qt = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // long rows first
+  const int64_t q0 = 128LL * qt;
+  const int64_t kend = q0 + 128 < g.t ? q0 + 128 : g.t;  // keys [0, kend)
+  const int nkt = static_cast<int>((kend + 63) / 64);
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&qkv128);
+    prefetch_tensor_map(&qkv64);
+    prefetch_tensor_map(&dy128);
+    p.init();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    regs_dealloc<40>();
+    if (threadIdx.x == 0)
+      produce(p, Load{&qkv128, h * kD}, Load{&dy128, h * kD}, static_cast<int>(q0),
+              Load{&qkv64, (g.heads + h) * kD}, Load{&qkv64, (2 * g.heads + h) * kD}, 0, nkt, b);
+  } else {
+    regs_alloc<232>();
+    dq_consume<T>(p, g, threadIdx.x / 128 - 1, bh, y, dy, lse, dsum, dqkv, q0, nkt, mask);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward dk/dv: 128 keys per CTA, 64-query tiles from the diagonal on.
+
+template <class T>
+__device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t bh,
+                            const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
+                            const DeviceMask& mask) {
+  const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
+  const int gr = lane >> 2, cq = lane & 3;
+  const int64_t t = g.t, kw = k0 + 64 * c + 16 * warp;  // the warp's first key
+  uint8_t* mb = p.mask + (4 * c + warp) * 256;
+  const float sl2 = g.scale * kLog2e;
+  float dk[32], dv[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
+  mbar_wait(p.res, 0);
+  const uint64_t kd = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
+  const uint64_t vd = smem_desc_k128(p.resident(1) + c * 64 * kRowBytes);
+  Ring<kBwdRows, kBwdStages> ring;
+  for (int it = 0; it < nit; ++it) {
+    const int64_t q0 = k0 + 64LL * it;
+    // The tile's row statistics (lse in log2 units, D), double-buffered per warpgroup: the
+    // barrier orders this write after every read of the buffer two tiles ago.
+    float* st = p.stats + c * 256 + (it & 1) * 128;
+    if (tid < 64) {
+      const int64_t i = q0 + tid;
+      st[tid] = i < t ? lse[bh * t + i] * kLog2e : 0.0f;
+      st[64 + tid] = i < t ? dsum[bh * t + i] : 0.0f;
+    }
+    named_barrier_sync(1 + c, 128);
+    float s[32], dp[32];  // rows: the warp's 16 keys; columns: the tile's 64 queries
+    ring.wait(p);
+    wgmma_fence();
+    mma_scores<64, T>(s, kd, smem_desc_k128(p.tile(ring.stage, 0)));
+    mma_scores<64, T>(dp, vd, smem_desc_k128(p.tile(ring.stage, 1)));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    fence_accumulators(dp);
+    const bool near = q0 < k0 + 64 * c + 63;  // some query of the tile is before a key
+    if (mask.active)  // byte idx: query q0 + idx % 64, keys kw + 8·(idx / 64) …
+      attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
+        return QueryKeys{q0 + (idx & 63), kw + 8 * (idx >> 6)};
+      });
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = 8 * n + 2 * cq + (e & 1);
+        const int64_t i = q0 + col, j = kw + gr + 8 * (e >> 1);
+        const bool ok = i < t && !(near && j > i);
+        const float pr = ok ? ex2(s[4 * n + e] * sl2 - st[col]) : 0.0f;
+        float f = 1.0f;
+        if (mask.active) f = (mb[(e >> 1) * 64 + col] >> gr) & 1 ? mask.scale : 0.0f;
+        s[4 * n + e] = pr * f;
+        dp[4 * n + e] = pr * (dp[4 * n + e] * f - st[64 + col]);
+      }
+    u32 pa[4][4], da[4][4];
+    to_a<T, 64>(s, pa);
+    to_a<T, 64>(dp, da);
+    wgmma_fence();
+    mma_rows<64, T>(dv, pa, smem_desc_mn128(p.tile(ring.stage, 1), kBox64));
+    mma_rows<64, T>(dk, da, smem_desc_mn128(p.tile(ring.stage, 0), kBox64));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(dv);
+    fence_accumulators(dk);
+    fence_operands(pa);
+    fence_operands(da);
+    ring.release(p, lane);
+  }
+  const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
+  T* dkg = dqkv + b * t * ld + (g.heads + h) * kD;
+  store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane);
+  store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1)
+    dkv_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
+               const __grid_constant__ CUtensorMap dy64, const float* lse, const float* dsum,
+               T* dqkv, Geometry g, DeviceMask mask) {
+#if FFN_ATTN_SM90_CODE
+  extern __shared__ uint8_t smem_raw[];
+  const BwdPipe p = BwdPipe::carve(smem_raw);
+  const int64_t bh = blockIdx.x;
+  const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
+  const int64_t k0 = 128LL * blockIdx.y;  // long columns (early keys) first
+  const int nit = static_cast<int>((g.t - k0 + 63) / 64);
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&qkv128);
+    prefetch_tensor_map(&qkv64);
+    prefetch_tensor_map(&dy64);
+    p.init();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    regs_dealloc<40>();
+    if (threadIdx.x == 0)
+      produce(p, Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD},
+              static_cast<int>(k0), Load{&qkv64, h * kD}, Load{&dy64, h * kD},
+              static_cast<int>(k0), nit, b);
+  } else {
+    regs_alloc<232>();
+    dkv_consume<T>(p, g, threadIdx.x / 128 - 1, bh, lse, dsum, dqkv, k0, nit, mask);
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side.
+
+// The [B, T, cols] activations as 3-D TMA maps with boxes of `rows` rows × 64 columns.
+CUtensorMap rows_map(const Tensor& x, int rows, const char* op) {
+  const uint64_t cols = static_cast<uint64_t>(x.size(2)), t = static_cast<uint64_t>(x.size(1));
+  return tensor_map_3d(x.data_ptr(), x.dtype(), {cols, t, static_cast<uint64_t>(x.size(0))},
+                       {cols, cols * t}, rows, op);
+}
+
+// Raises a kernel's dynamic shared-memory limit once per (kernel, device).
+void allow_smem(const void* kernel, int bytes) {
+  static std::map<std::pair<const void*, int>, bool> done;
+  int dev = 0;
+  FFN_CHECK_CUDA(cudaGetDevice(&dev));
+  bool& d = done[{kernel, dev}];
+  if (!d) {
+    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    d = true;
+  }
+}
+
+template <class F>
+void with_half(DType dt, const F& f) {
+  if (dt == DType::bf16)
+    f.template operator()<__nv_bfloat16>();
+  else
+    f.template operator()<__half>();
+}
+
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+}  // namespace
+}  // namespace attn90
+
+bool sm90_attention_supported(const Tensor& qkv, int64_t heads) {
+  if (!qkv.defined() || !qkv.is_cuda() || qkv.dim() != 3 || heads <= 0) return false;
+  if (qkv.dtype() != DType::bf16 && qkv.dtype() != DType::f16) return false;
+  if (qkv.size(2) != 3 * heads * attn90::kD || !attn90::aligned16(qkv)) return false;
+  const int64_t b = qkv.size(0), t = qkv.size(1);
+  if (t <= 0 || t >= (int64_t{1} << 31) || (t + 127) / 128 > 65535) return false;
+  if (b * heads >= (int64_t{1} << 31)) return false;
+  return gemm::sm90a_code_on(qkv.device().index);  // Note [sm_90a code]
+}
+
+void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,
+                            Tensor& y, Tensor& lse) {
+  using namespace attn90;
+  const char* op = "fused_attention";
+  FFN_CHECK(sm90_attention_supported(qkv, heads) && aligned16(y), "[", op,
+            "] the Hopper kernel cannot run ", qkv.desc(), " with ", heads, " heads");
+  const int dev = qkv.device().index;
+  DeviceGuard guard(dev);
+  const int64_t b = qkv.size(0), t = qkv.size(1);
+  const Geometry g{t, static_cast<int>(heads), scale};
+  const CUtensorMap m128 = rows_map(qkv, 128, op);
+  const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + 127) / 128));
+  with_half(qkv.dtype(), [&]<class T>() {
+    allow_smem(reinterpret_cast<const void*>(fwd_kernel<T>), FwdPipe::kSmem);
+    fwd_kernel<T><<<grid, kThreads, FwdPipe::kSmem, stream(dev)>>>(
+        m128, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, DeviceMask::from(d));
+    FFN_CHECK_LAUNCH();
+  });
+}
+
+void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
+                             const Tensor& lse, int64_t heads, float scale, const DropoutSpec& d,
+                             Tensor& dqkv) {
+  using namespace attn90;
+  const char* op = "fused_attention_backward";
+  FFN_CHECK(sm90_attention_supported(qkv, heads) && aligned16(y) && aligned16(dy) &&
+                aligned16(dqkv),
+            "[", op, "] the Hopper kernel cannot run ", qkv.desc(), " with ", heads, " heads");
+  const int dev = qkv.device().index;
+  DeviceGuard guard(dev);
+  const int64_t b = qkv.size(0), t = qkv.size(1);
+  const Geometry g{t, static_cast<int>(heads), scale};
+  const DeviceMask mask = DeviceMask::from(d);
+  const CUtensorMap q128 = rows_map(qkv, 128, op), q64 = rows_map(qkv, 64, op);
+  const CUtensorMap dy128 = rows_map(dy, 128, op), dy64 = rows_map(dy, 64, op);
+  Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
+  const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + 127) / 128));
+  with_half(qkv.dtype(), [&]<class T>() {
+    allow_smem(reinterpret_cast<const void*>(dq_kernel<T>), BwdPipe::kSmem);
+    dq_kernel<T><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+        q128, q64, dy128, static_cast<const T*>(y.data_ptr()), static_cast<const T*>(dy.data_ptr()),
+        lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, mask);
+    FFN_CHECK_LAUNCH();
+    allow_smem(reinterpret_cast<const void*>(dkv_kernel<T>), BwdPipe::kSmem);
+    dkv_kernel<T><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+        q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()),
+        g, mask);
+    FFN_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace ffn::cuda
