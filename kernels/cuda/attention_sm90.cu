@@ -17,15 +17,19 @@
 // works on them in registers (wgmma's accumulator layout is mma.sync's C fragment layout, 16
 // rows per warp, so the softmax, masking and dropout code reads like attention.cu's), packs
 // the probabilities or dS to 16 bits, which is the A-operand register layout, and issues the
-// second products with A from registers and B the streamed (or resident) tile read N-major:
-// O += P·V; dQ += dS·K; dV += Pdᵀ·dY, dK += dSᵀ·Q.
+// second products with A from registers and B the streamed tile read N-major: O += P·V;
+// dQ += dS·K; dV += Pdᵀ·dY, dK += dSᵀ·Q. The second products of tile k − 1 are issued right
+// after the score products of tile k, so they run on the tensor cores while the CUDA cores
+// work on tile k's scores (FlashAttention-3's intra-warpgroup overlap; fwd_consume says
+// which register writes must wait for which wgmmas).
 //
 // Tiles are 64 columns (the head) by 64 or 128 rows, 128-byte rows swizzled by TMA as the
 // wgmma descriptors expect (sm90.cuh). Loads go through 3-D tensor maps over [B, T, columns],
 // so rows past T (the last block of a sequence) load as zeros and never read the next
 // sequence; those rows are masked (keys) or not stored (queries). Sizes: forward streams
 // 128-key tiles (S is 64×128 per warpgroup); the backward kernels stream 64-row tiles, which
-// keeps S, dP, dS and both accumulators of dk/dv within the consumers' 232 registers.
+// keeps S, dP, the packed operands and both accumulators of dk/dv within the consumers' 232
+// registers without spilling.
 //
 // Same results as attention.cu up to fp32 summation order (the reference tests hold both to
 // the same bound); deterministic (no atomics, fixed order); mask bits from
@@ -140,18 +144,6 @@ __device__ void produce(const Pipe<SROWS, STAGES>& p, Load r0, Load r1, int res_
   }
 }
 
-// The consumers' walk over the ring.
-template <int SROWS, int STAGES>
-struct Ring {
-  int stage = 0;
-  uint32_t phase = 0;
-  __device__ void wait(const Pipe<SROWS, STAGES>& p) const { mbar_wait(&p.full[stage], phase); }
-  __device__ void release(const Pipe<SROWS, STAGES>& p, int lane) {
-    if (lane == 0) mbar_arrive(&p.empty[stage]);
-    if (++stage == STAGES) stage = 0, phase ^= 1;
-  }
-};
-
 // Keeps the compiler from reusing A-operand registers before the wgmmas reading them are done.
 template <int K>
 __device__ __forceinline__ void fence_operands(u32 (&a)[K][4]) {
@@ -215,9 +207,23 @@ struct Geometry {
 // ---------------------------------------------------------------------------------------
 // Forward: 128 queries per CTA, 128-key tiles.
 
-constexpr int kFwdRows = 128, kFwdStages = 3;
+constexpr int kFwdRows = 128, kFwdStages = 4;
 using FwdPipe = Pipe<kFwdRows, kFwdStages>;
 
+// Stage and phase of streamed tile k in the ring.
+template <int STAGES>
+struct Slot {
+  int stage;
+  uint32_t phase;
+  __device__ explicit Slot(int k) : stage(k % STAGES), phase(static_cast<uint32_t>(k / STAGES) & 1) {}
+};
+
+// Per key tile kt ≥ 1 (FlashAttention-3's intra-warpgroup overlap): issue S = Q·Kᵀ of tile
+// kt, then O += P·V of tile kt − 1 (P packed at the end of the previous tile); wait for S
+// only and run the softmax of tile kt on the CUDA cores while the tensor cores finish P·V;
+// then wait for P·V, release tile kt − 1's stage, rescale O and pack P of tile kt. Every
+// non-wgmma write of O and of P's registers happens with no wgmma in flight, which is what
+// lets ptxas keep the wgmmas asynchronous (it serializes them otherwise, warning C7515).
 template <class T>
 __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t bh, T* y,
                             float* lse, int64_t q0, int nkt, const DeviceMask& mask) {
@@ -230,18 +236,25 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
 #pragma unroll
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+  float s[64];
+  u32 pa[8][4];
   mbar_wait(p.res, 0);
   const uint64_t dq = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
-  Ring<kFwdRows, kFwdStages> ring;
-  for (int kt = 0; kt < nkt; ++kt) {
-    const int64_t k0 = 128LL * kt;
-    float s[64];
-    ring.wait(p);
-    wgmma_fence();
-    mma_scores<128, T>(s, dq, smem_desc_k128(p.tile(ring.stage, 0)));
+  auto issue_scores = [&](int kt) {
+    const Slot<kFwdStages> at(kt);
+    mbar_wait(&p.full[at.stage], at.phase);
+    wgmma_fence();  // orders the registers written since the last wgmmas (s, O, P) before them
+    mma_scores<128, T>(s, dq, smem_desc_k128(p.tile(at.stage, 0)));
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(s);
+  };
+  auto issue_pv = [&](int kt) {
+    mma_rows<128, T>(o, pa, smem_desc_mn128(p.tile(Slot<kFwdStages>(kt).stage, 1), kBox64));
+    wgmma_commit();
+  };
+  // The softmax of tile kt's scores in s: the running max and sum, P (dropped) in s, and the
+  // factor alpha by which O must be rescaled.
+  auto softmax = [&](int kt, float(&alpha)[2]) {
+    const int64_t k0 = 128LL * kt;
     const bool diag = kt == nkt - 1;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -253,7 +266,6 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
         s[4 * n + e] = v;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
-    float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -263,8 +275,6 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
       mrow[r] = mnew;
       lrow[r] *= alpha[r];
     }
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
     if (mask.active)
       attn::draw_bytes<8>(mb, mask, bh, t, lane, [&](int idx) {
         return QueryKeys{qw + (idx >> 4), k0 + 8 * (idx & 15)};
@@ -282,25 +292,41 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
         }
         s[4 * n + e] = pr * f;
       }
-    u32 pa[8][4];
-    to_a<T, 128>(s, pa);
-    wgmma_fence();
-    mma_rows<128, T>(o, pa, smem_desc_mn128(p.tile(ring.stage, 1), kBox64));
-    wgmma_commit();
-    wgmma_wait<0>();
+  };
+  float alpha[2];
+  issue_scores(0);
+  wgmma_wait<0>();
+  fence_accumulators(s);
+  softmax(0, alpha);  // O is still zero: no rescale
+  to_a<T, 128>(s, pa);
+  for (int kt = 1; kt < nkt; ++kt) {
+    issue_scores(kt);
+    issue_pv(kt - 1);
+    wgmma_wait<1>();  // S of tile kt
+    fence_accumulators(s);
+    softmax(kt, alpha);
+    wgmma_wait<0>();  // P·V of tile kt − 1
     fence_accumulators(o);
     fence_operands(pa);
-    ring.release(p, lane);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kFwdStages>(kt - 1).stage]);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
+    to_a<T, 128>(s, pa);
   }
+  wgmma_fence();
+  issue_pv(nkt - 1);
+  wgmma_wait<0>();
+  fence_accumulators(o);
+  fence_operands(pa);
+  if (lane == 0) mbar_arrive(&p.empty[Slot<kFwdStages>(nkt - 1).stage]);
   float inv[2];
-  const int64_t bhl = bh;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
     inv[r] = 1.0f / lrow[r];
     const int64_t i = qw + gr + 8 * r;
-    if (cq == 0 && i < t) lse[bhl * t + i] = (mrow[r] + __log2f(lrow[r])) / kLog2e;
+    if (cq == 0 && i < t) lse[bh * t + i] = (mrow[r] + __log2f(lrow[r])) / kLog2e;
   }
   const int64_t b = bh / g.heads, h = bh % g.heads, ldy = static_cast<int64_t>(g.heads) * kD;
   store_rows<T>(o, inv[0], inv[1], y + b * t * ldy + h * kD, ldy, qw, t, lane);
@@ -316,6 +342,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t bh = blockIdx.x;
   const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
   const int qt = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // long rows first
+  const int nkt = qt + 1;  // key tiles up to the diagonal
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&qkv128);
     p.init();
@@ -325,11 +352,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     regs_dealloc<40>();
     if (threadIdx.x == 0)
       produce(p, Load{&qkv128, h * kD}, Load{nullptr, 0}, 128 * qt,
-              Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD}, 0, qt + 1,
-              b);
+              Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD}, 0, nkt, b);
   } else {
     regs_alloc<232>();
-    fwd_consume<T>(p, g, threadIdx.x / 128 - 1, bh, y, lse, 128LL * qt, qt + 1, mask);
+    fwd_consume<T>(p, g, threadIdx.x / 128 - 1, bh, y, lse, 128LL * qt, nkt, mask);
   }
 #endif
 }
@@ -337,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------
 // Backward dq: 128 queries per CTA, 64-key tiles; writes dsum = D for dk/dv.
 
-constexpr int kBwdRows = 64, kBwdStages = 4;
+constexpr int kBwdRows = 64, kBwdStages = 6;
 using BwdPipe = Pipe<kBwdRows, kBwdStages>;
 
 template <class T>
@@ -387,18 +413,24 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t b
   mbar_wait(p.res, 0);
   const uint64_t dqd = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
   const uint64_t dyd = smem_desc_k128(p.resident(1) + c * 64 * kRowBytes);
-  Ring<kBwdRows, kBwdStages> ring;
-  for (int kt = 0; kt < nkt; ++kt) {
-    const int64_t k0 = 64LL * kt;
-    float s[32], dp[32];
-    ring.wait(p);
+  float s[32], dp[32];
+  u32 da[4][4];
+  // Tile kt's S and dP; dQ += dS·K of tile kt − 1 runs while tile kt's dS is computed (the
+  // forward's overlap, fwd_consume).
+  auto issue_scores = [&](int kt) {
+    const Slot<kBwdStages> at(kt);
+    mbar_wait(&p.full[at.stage], at.phase);
     wgmma_fence();
-    mma_scores<64, T>(s, dqd, smem_desc_k128(p.tile(ring.stage, 0)));
-    mma_scores<64, T>(dp, dyd, smem_desc_k128(p.tile(ring.stage, 1)));
+    mma_scores<64, T>(s, dqd, smem_desc_k128(p.tile(at.stage, 0)));
+    mma_scores<64, T>(dp, dyd, smem_desc_k128(p.tile(at.stage, 1)));
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    fence_accumulators(dp);
+  };
+  auto issue_dq = [&](int kt) {
+    mma_rows<64, T>(dq, da, smem_desc_mn128(p.tile(Slot<kBwdStages>(kt).stage, 0), kBox64));
+    wgmma_commit();
+  };
+  auto ds = [&](int kt) {  // dS of tile kt into s
+    const int64_t k0 = 64LL * kt;
     const bool near = k0 + 63 > q0 + 64 * c;  // some key of the tile is after a query
     if (mask.active)
       attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
@@ -418,16 +450,32 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t b
         }
         s[4 * n + e] = pr * (dp[4 * n + e] * f - dr[r]);
       }
-    u32 da[4][4];
-    to_a<T, 64>(s, da);
-    wgmma_fence();
-    mma_rows<64, T>(dq, da, smem_desc_mn128(p.tile(ring.stage, 0), kBox64));
-    wgmma_commit();
-    wgmma_wait<0>();
+  };
+  issue_scores(0);
+  wgmma_wait<0>();
+  fence_accumulators(s);
+  fence_accumulators(dp);
+  ds(0);
+  to_a<T, 64>(s, da);
+  for (int kt = 1; kt < nkt; ++kt) {
+    issue_scores(kt);
+    issue_dq(kt - 1);
+    wgmma_wait<1>();  // S and dP of tile kt
+    fence_accumulators(s);
+    fence_accumulators(dp);
+    ds(kt);
+    wgmma_wait<0>();  // dQ of tile kt − 1
     fence_accumulators(dq);
     fence_operands(da);
-    ring.release(p, lane);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(kt - 1).stage]);
+    to_a<T, 64>(s, da);
   }
+  wgmma_fence();
+  issue_dq(nkt - 1);
+  wgmma_wait<0>();
+  fence_accumulators(dq);
+  fence_operands(da);
+  if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(nkt - 1).stage]);
   const int64_t ld = 3 * ldy;
   store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane);
 }
@@ -483,11 +531,14 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
   mbar_wait(p.res, 0);
   const uint64_t kd = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
   const uint64_t vd = smem_desc_k128(p.resident(1) + c * 64 * kRowBytes);
-  Ring<kBwdRows, kBwdStages> ring;
-  for (int it = 0; it < nit; ++it) {
-    const int64_t q0 = k0 + 64LL * it;
+  float s[32], dp[32];  // rows: the warp's 16 keys; columns: the tile's 64 queries
+  u32 pa[4][4], da[4][4];
+  // Query tile it's Sᵀ and dPᵀ; dV and dK of tile it − 1 run while tile it's Pdᵀ and dSᵀ are
+  // computed (the forward's overlap, fwd_consume).
+  auto issue_scores = [&](int it) {
     // The tile's row statistics (lse in log2 units, D), double-buffered per warpgroup: the
     // barrier orders this write after every read of the buffer two tiles ago.
+    const int64_t q0 = k0 + 64LL * it;
     float* st = p.stats + c * 256 + (it & 1) * 128;
     if (tid < 64) {
       const int64_t i = q0 + tid;
@@ -495,15 +546,22 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
       st[64 + tid] = i < t ? dsum[bh * t + i] : 0.0f;
     }
     named_barrier_sync(1 + c, 128);
-    float s[32], dp[32];  // rows: the warp's 16 keys; columns: the tile's 64 queries
-    ring.wait(p);
+    const Slot<kBwdStages> at(it);
+    mbar_wait(&p.full[at.stage], at.phase);
     wgmma_fence();
-    mma_scores<64, T>(s, kd, smem_desc_k128(p.tile(ring.stage, 0)));
-    mma_scores<64, T>(dp, vd, smem_desc_k128(p.tile(ring.stage, 1)));
+    mma_scores<64, T>(s, kd, smem_desc_k128(p.tile(at.stage, 0)));
+    mma_scores<64, T>(dp, vd, smem_desc_k128(p.tile(at.stage, 1)));
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_accumulators(s);
-    fence_accumulators(dp);
+  };
+  auto issue_dkv = [&](int it) {
+    const int stage = Slot<kBwdStages>(it).stage;
+    mma_rows<64, T>(dv, pa, smem_desc_mn128(p.tile(stage, 1), kBox64));
+    mma_rows<64, T>(dk, da, smem_desc_mn128(p.tile(stage, 0), kBox64));
+    wgmma_commit();
+  };
+  auto grads = [&](int it) {  // Pdᵀ into s, dSᵀ into dp
+    const int64_t q0 = k0 + 64LL * it;
+    const float* st = p.stats + c * 256 + (it & 1) * 128;
     const bool near = q0 < k0 + 64 * c + 63;  // some query of the tile is before a key
     if (mask.active)  // byte idx: query q0 + idx % 64, keys kw + 8·(idx / 64) …
       attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
@@ -522,20 +580,38 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
         s[4 * n + e] = pr * f;
         dp[4 * n + e] = pr * (dp[4 * n + e] * f - st[64 + col]);
       }
-    u32 pa[4][4], da[4][4];
-    to_a<T, 64>(s, pa);
-    to_a<T, 64>(dp, da);
-    wgmma_fence();
-    mma_rows<64, T>(dv, pa, smem_desc_mn128(p.tile(ring.stage, 1), kBox64));
-    mma_rows<64, T>(dk, da, smem_desc_mn128(p.tile(ring.stage, 0), kBox64));
-    wgmma_commit();
-    wgmma_wait<0>();
+  };
+  issue_scores(0);
+  wgmma_wait<0>();
+  fence_accumulators(s);
+  fence_accumulators(dp);
+  grads(0);
+  to_a<T, 64>(s, pa);
+  to_a<T, 64>(dp, da);
+  for (int it = 1; it < nit; ++it) {
+    issue_scores(it);
+    issue_dkv(it - 1);
+    wgmma_wait<1>();  // Sᵀ and dPᵀ of tile it
+    fence_accumulators(s);
+    fence_accumulators(dp);
+    grads(it);
+    wgmma_wait<0>();  // dV and dK of tile it − 1
     fence_accumulators(dv);
     fence_accumulators(dk);
     fence_operands(pa);
     fence_operands(da);
-    ring.release(p, lane);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(it - 1).stage]);
+    to_a<T, 64>(s, pa);
+    to_a<T, 64>(dp, da);
   }
+  wgmma_fence();
+  issue_dkv(nit - 1);
+  wgmma_wait<0>();
+  fence_accumulators(dv);
+  fence_accumulators(dk);
+  fence_operands(pa);
+  fence_operands(da);
+  if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(nit - 1).stage]);
   const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
   T* dkg = dqkv + b * t * ld + (g.heads + h) * kD;
   store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane);
