@@ -5,12 +5,15 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // Three kernels with the same math and the same split as the mma.sync ones (attention.cu):
 // forward; backward dq (also writes D_i = dy_i·y_i); backward dk/dv (launched after dq). Each
-// CTA is 384 threads: warpgroup 0 is the producer (one thread issues TMA loads; setmaxnreg
-// gives its registers away), warpgroups 1 and 2 are consumers owning 64 rows each of the
-// CTA's 128-row block. The block's own tiles ("resident": Q in forward, Q and dY in dq, K and
-// V in dk/dv) are loaded once; the other side's tiles ("streamed") pass through a ring of
-// shared-memory stages with full/empty mbarriers (Note [Hopper GEMM pipeline]'s protocol:
-// full[s] completes on the TMA bytes, empty[s] on one arrival per consumer warp).
+// is a persistent grid of one CTA per SM walking units (a head's 128-row block), the longest
+// first (Units). A CTA is 384 threads: warpgroup 0 is the producer (one thread issues TMA
+// loads; setmaxnreg gives its registers away), warpgroups 1 and 2 are consumers owning 64
+// rows each of the unit's block. The block's own tiles ("resident": Q in forward, Q and dY
+// in dq, K and V in dk/dv) are loaded once per unit into one of two slots, so the next
+// unit's load overlaps this one's end; the other side's tiles ("streamed") pass through a
+// ring of shared-memory stages that carries over between units, with full/empty mbarriers
+// (Note [Hopper GEMM pipeline]'s protocol: full completes on the TMA bytes, empty on one
+// arrival per consumer warp; the resident slots have the same pair).
 //
 // Per streamed tile, each consumer warpgroup issues the score products with A and B from
 // shared memory (S = Q·Kᵀ, and dP = dY·Vᵀ in backward; Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ in dk/dv),
@@ -39,6 +42,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -53,6 +57,18 @@
 namespace ffn::cuda {
 
 namespace attn90 {
+
+// The persistent grid's units: (bh, block) pairs, the longest blocks first (for the forward
+// and dq the last query blocks, for dk/dv the first key blocks), CTA x taking units x,
+// x + gridDim.x, …
+struct Units {  // (outside the anonymous namespace: the compute_80 pass never calls it)
+  int64_t bh_count;
+  int blocks;
+  __device__ int64_t count() const { return bh_count * blocks; }
+  __device__ int64_t bh(int64_t u) const { return u % bh_count; }
+  __device__ int rank(int64_t u) const { return static_cast<int>(u / bh_count); }
+};
+
 namespace {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -83,36 +99,43 @@ struct Pipe {
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kMaskBytes = 8 * 256;       // 8 consumer warps × 256 bytes
   static constexpr int kStatFloats = 2 * 2 * 128;  // 2 warpgroups × 2 buffers × 128
-  static constexpr int kSmem =
-      1024 + 2 * kResBytes + STAGES * kStageBytes + kMaskBytes + kStatFloats * 4 + (2 * STAGES + 1) * 8;
+  static constexpr int kSmem = 1024 + 4 * kResBytes + STAGES * kStageBytes + kMaskBytes +
+                               kStatFloats * 4 + (2 * STAGES + 4) * 8;
 
   uint8_t* tiles;
   uint8_t* mask;
   float* stats;
   uint64_t* full;
   uint64_t* empty;
-  uint64_t* res;
+  uint64_t* res_full;   // [2] a slot of resident tiles has landed
+  uint64_t* res_empty;  // [2] its unit is done with it (one arrival per consumer warp)
 
   __device__ static Pipe carve(uint8_t* raw) {
     Pipe p;
     p.tiles = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
-    p.mask = p.tiles + 2 * kResBytes + STAGES * kStageBytes;
+    p.mask = p.tiles + 4 * kResBytes + STAGES * kStageBytes;
     p.stats = reinterpret_cast<float*>(p.mask + kMaskBytes);
     p.full = reinterpret_cast<uint64_t*>(p.stats + kStatFloats);
     p.empty = p.full + STAGES;
-    p.res = p.empty + STAGES;
+    p.res_full = p.empty + STAGES;
+    p.res_empty = p.res_full + 2;
     return p;
   }
-  __device__ uint8_t* resident(int i) const { return tiles + i * kResBytes; }
+  // Resident tile i of slot `slot` (units alternate between two slots, so the producer
+  // loads the next unit's while the consumers finish this one).
+  __device__ uint8_t* resident(int slot, int i) const { return tiles + (2 * slot + i) * kResBytes; }
   __device__ uint8_t* tile(int s, int i) const {
-    return tiles + 2 * kResBytes + s * kStageBytes + i * kTileBytes;
+    return tiles + 4 * kResBytes + s * kStageBytes + i * kTileBytes;
   }
   __device__ void init() const {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], 8);
     }
-    mbar_init(res, 1);
+    for (int slot = 0; slot < 2; ++slot) {
+      mbar_init(&res_full[slot], 1);
+      mbar_init(&res_empty[slot], 8);
+    }
     fence_barrier_init();
   }
 };
@@ -123,26 +146,32 @@ struct Load {
   int col;
 };
 
-// The producer thread: the resident tiles at row res_row (r1.map may be null), then n
-// streamed pairs at rows srow0, srow0 + SROWS, … of sequence b.
-template <int SROWS, int STAGES>
-__device__ void produce(const Pipe<SROWS, STAGES>& p, Load r0, Load r1, int res_row, Load s0,
-                        Load s1, int srow0, int n, int b) {
-  using P = Pipe<SROWS, STAGES>;
-  mbar_arrive_expect_tx(p.res, (r1.map ? 2 : 1) * P::kResBytes);
-  tma_load_3d(p.resident(0), r0.map, p.res, r0.col, res_row, b);
-  if (r1.map) tma_load_3d(p.resident(1), r1.map, p.res, r1.col, res_row, b);
+// The producer thread, one unit (the CTA's j-th): its resident tiles at row res_row into slot
+// j % 2 (r1.map may be null), then n streamed pairs at rows srow0, srow0 + SROWS, … of
+// sequence b into the ring, whose position (stage, phase) carries over between units.
+struct RingPos {
   int stage = 0;
   uint32_t phase = 0;
+};
+template <int SROWS, int STAGES>
+__device__ void produce(const Pipe<SROWS, STAGES>& p, RingPos& at, int j, Load r0, Load r1,
+                        int res_row, Load s0, Load s1, int srow0, int n, int b) {
+  using P = Pipe<SROWS, STAGES>;
+  const int slot = j & 1;
+  mbar_wait(&p.res_empty[slot], ((j >> 1) & 1) ^ 1);
+  mbar_arrive_expect_tx(&p.res_full[slot], (r1.map ? 2 : 1) * P::kResBytes);
+  tma_load_3d(p.resident(slot, 0), r0.map, &p.res_full[slot], r0.col, res_row, b);
+  if (r1.map) tma_load_3d(p.resident(slot, 1), r1.map, &p.res_full[slot], r1.col, res_row, b);
   for (int i = 0; i < n; ++i) {
-    mbar_wait(&p.empty[stage], phase ^ 1);
-    mbar_arrive_expect_tx(&p.full[stage], P::kStageBytes);
+    mbar_wait(&p.empty[at.stage], at.phase ^ 1);
+    mbar_arrive_expect_tx(&p.full[at.stage], P::kStageBytes);
     const int row = srow0 + i * SROWS;
-    tma_load_3d(p.tile(stage, 0), s0.map, &p.full[stage], s0.col, row, b);
-    tma_load_3d(p.tile(stage, 1), s1.map, &p.full[stage], s1.col, row, b);
-    if (++stage == STAGES) stage = 0, phase ^= 1;
+    tma_load_3d(p.tile(at.stage, 0), s0.map, &p.full[at.stage], s0.col, row, b);
+    tma_load_3d(p.tile(at.stage, 1), s1.map, &p.full[at.stage], s1.col, row, b);
+    if (++at.stage == STAGES) at.stage = 0, at.phase ^= 1;
   }
 }
+
 
 // Keeps the compiler from reusing A-operand registers before the wgmmas reading them are done.
 template <int K>
@@ -225,8 +254,9 @@ struct Slot {
 // non-wgmma write of O and of P's registers happens with no wgmma in flight, which is what
 // lets ptxas keep the wgmmas asynchronous (it serializes them otherwise, warning C7515).
 template <class T>
-__device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t bh, T* y,
-                            float* lse, int64_t q0, int nkt, const DeviceMask& mask) {
+__device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, int base,
+                            int64_t bh, T* y, float* lse, int64_t q0, int nkt,
+                            const DeviceMask& mask) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, qw = q0 + 64 * c + 16 * warp;
@@ -238,17 +268,17 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
   float s[64];
   u32 pa[8][4];
-  mbar_wait(p.res, 0);
-  const uint64_t dq = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
+  mbar_wait(&p.res_full[j & 1], (j >> 1) & 1);
+  const uint64_t dq = smem_desc_k128(p.resident(j & 1, 0) + c * 64 * kRowBytes);
   auto issue_scores = [&](int kt) {
-    const Slot<kFwdStages> at(kt);
+    const Slot<kFwdStages> at(base + kt);
     mbar_wait(&p.full[at.stage], at.phase);
     wgmma_fence();  // orders the registers written since the last wgmmas (s, O, P) before them
     mma_scores<128, T>(s, dq, smem_desc_k128(p.tile(at.stage, 0)));
     wgmma_commit();
   };
   auto issue_pv = [&](int kt) {
-    mma_rows<128, T>(o, pa, smem_desc_mn128(p.tile(Slot<kFwdStages>(kt).stage, 1), kBox64));
+    mma_rows<128, T>(o, pa, smem_desc_mn128(p.tile(Slot<kFwdStages>(base + kt).stage, 1), kBox64));
     wgmma_commit();
   };
   // The softmax of tile kt's scores in s: the running max and sum, P (dropped) in s, and the
@@ -308,7 +338,7 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
     wgmma_wait<0>();  // P·V of tile kt − 1
     fence_accumulators(o);
     fence_operands(pa);
-    if (lane == 0) mbar_arrive(&p.empty[Slot<kFwdStages>(kt - 1).stage]);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kFwdStages>(base + kt - 1).stage]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
     to_a<T, 128>(s, pa);
@@ -318,7 +348,10 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
   wgmma_wait<0>();
   fence_accumulators(o);
   fence_operands(pa);
-  if (lane == 0) mbar_arrive(&p.empty[Slot<kFwdStages>(nkt - 1).stage]);
+  if (lane == 0) {
+    mbar_arrive(&p.empty[Slot<kFwdStages>(base + nkt - 1).stage]);
+    mbar_arrive(&p.res_empty[j & 1]);
+  }
   float inv[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -335,27 +368,45 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int64_t 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap qkv128, T* y, float* lse, Geometry g,
-               DeviceMask mask) {
+               Units units, DeviceMask mask) {
 #if FFN_ATTN_SM90_CODE
   extern __shared__ uint8_t smem_raw[];
   const FwdPipe p = FwdPipe::carve(smem_raw);
-  const int64_t bh = blockIdx.x;
-  const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
-  const int qt = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // long rows first
-  const int nkt = qt + 1;  // key tiles up to the diagonal
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&qkv128);
     p.init();
   }
   __syncthreads();
+  // Unit u: query block qt of head bh, the last blocks (most key tiles) first.
+  auto unit = [&](int64_t u, int64_t& bh, int& qt) {
+    bh = units.bh(u);
+    qt = units.blocks - 1 - units.rank(u);
+  };
   if (threadIdx.x < 128) {
     regs_dealloc<40>();
-    if (threadIdx.x == 0)
-      produce(p, Load{&qkv128, h * kD}, Load{nullptr, 0}, 128 * qt,
-              Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD}, 0, nkt, b);
+    if (threadIdx.x == 0) {
+      RingPos at;
+      int j = 0;
+      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+        int64_t bh;
+        int qt;
+        unit(u, bh, qt);
+        const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
+        produce(p, at, j, Load{&qkv128, h * kD}, Load{nullptr, 0}, 128 * qt,
+                Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD}, 0,
+                qt + 1, b);
+      }
+    }
   } else {
     regs_alloc<232>();
-    fwd_consume<T>(p, g, threadIdx.x / 128 - 1, bh, y, lse, 128LL * qt, nkt, mask);
+    int j = 0, base = 0;
+    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+      int64_t bh;
+      int qt;
+      unit(u, bh, qt);
+      fwd_consume<T>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, lse, 128LL * qt, qt + 1, mask);
+      base += qt + 1;
+    }
   }
 #endif
 }
@@ -367,15 +418,16 @@ constexpr int kBwdRows = 64, kBwdStages = 6;
 using BwdPipe = Pipe<kBwdRows, kBwdStages>;
 
 template <class T>
-__device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t bh, const T* y,
-                           const T* dy, const float* lse, float* dsum, T* dqkv, int64_t q0,
-                           int nkt, const DeviceMask& mask) {
+__device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base,
+                           int64_t bh, const T* y, const T* dy, const float* lse, float* dsum,
+                           T* dqkv, int64_t q0, int nkt, const DeviceMask& mask) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, qw = q0 + 64 * c + 16 * warp;
   const int64_t b = bh / g.heads, h = bh % g.heads, ldy = static_cast<int64_t>(g.heads) * kD;
   uint8_t* mb = p.mask + (4 * c + warp) * 256;
-  float* dsum_s = p.stats + c * 256;
+  float* dsum_s = p.stats + c * 256 + (j & 1) * 128;  // by unit parity: the next unit's
+                                                      // barrier orders reuse after reads
   const float sl2 = g.scale * kLog2e;
   {  // D_i = dy_i·y_i of the warpgroup's 64 rows, two threads per row (32 columns each)
     const int r = tid >> 1, part = tid & 1;
@@ -410,15 +462,15 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t b
   float dq[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
-  mbar_wait(p.res, 0);
-  const uint64_t dqd = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
-  const uint64_t dyd = smem_desc_k128(p.resident(1) + c * 64 * kRowBytes);
+  mbar_wait(&p.res_full[j & 1], (j >> 1) & 1);
+  const uint64_t dqd = smem_desc_k128(p.resident(j & 1, 0) + c * 64 * kRowBytes);
+  const uint64_t dyd = smem_desc_k128(p.resident(j & 1, 1) + c * 64 * kRowBytes);
   float s[32], dp[32];
   u32 da[4][4];
   // Tile kt's S and dP; dQ += dS·K of tile kt − 1 runs while tile kt's dS is computed (the
   // forward's overlap, fwd_consume).
   auto issue_scores = [&](int kt) {
-    const Slot<kBwdStages> at(kt);
+    const Slot<kBwdStages> at(base + kt);
     mbar_wait(&p.full[at.stage], at.phase);
     wgmma_fence();
     mma_scores<64, T>(s, dqd, smem_desc_k128(p.tile(at.stage, 0)));
@@ -426,7 +478,7 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t b
     wgmma_commit();
   };
   auto issue_dq = [&](int kt) {
-    mma_rows<64, T>(dq, da, smem_desc_mn128(p.tile(Slot<kBwdStages>(kt).stage, 0), kBox64));
+    mma_rows<64, T>(dq, da, smem_desc_mn128(p.tile(Slot<kBwdStages>(base + kt).stage, 0), kBox64));
     wgmma_commit();
   };
   auto ds = [&](int kt) {  // dS of tile kt into s
@@ -467,7 +519,7 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t b
     wgmma_wait<0>();  // dQ of tile kt − 1
     fence_accumulators(dq);
     fence_operands(da);
-    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(kt - 1).stage]);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(base + kt - 1).stage]);
     to_a<T, 64>(s, da);
   }
   wgmma_fence();
@@ -475,7 +527,10 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int64_t b
   wgmma_wait<0>();
   fence_accumulators(dq);
   fence_operands(da);
-  if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(nkt - 1).stage]);
+  if (lane == 0) {
+    mbar_arrive(&p.empty[Slot<kBwdStages>(base + nkt - 1).stage]);
+    mbar_arrive(&p.res_empty[j & 1]);
+  }
   const int64_t ld = 3 * ldy;
   store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane);
 }
@@ -484,16 +539,10 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
               const __grid_constant__ CUtensorMap dy128, const T* y, const T* dy, const float* lse,
-              float* dsum, T* dqkv, Geometry g, DeviceMask mask) {
+              float* dsum, T* dqkv, Geometry g, Units units, DeviceMask mask) {
 #if FFN_ATTN_SM90_CODE
   extern __shared__ uint8_t smem_raw[];
   const BwdPipe p = BwdPipe::carve(smem_raw);
-  const int64_t bh = blockIdx.x;
-  const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
-  const int qt = static_cast<int>(gridDim.y - 1 - blockIdx.y);  // long rows first
-  const int64_t q0 = 128LL * qt;
-  const int64_t kend = q0 + 128 < g.t ? q0 + 128 : g.t;  // keys [0, kend)
-  const int nkt = static_cast<int>((kend + 63) / 64);
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&qkv128);
     prefetch_tensor_map(&qkv64);
@@ -501,14 +550,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     p.init();
   }
   __syncthreads();
+  // Unit u: query block q0 of head bh (the last blocks first) and its key tiles [0, nkt).
+  auto unit = [&](int64_t u, int64_t& bh, int64_t& q0, int& nkt) {
+    bh = units.bh(u);
+    q0 = 128LL * (units.blocks - 1 - units.rank(u));
+    const int64_t kend = q0 + 128 < g.t ? q0 + 128 : g.t;  // keys [0, kend)
+    nkt = static_cast<int>((kend + 63) / 64);
+  };
   if (threadIdx.x < 128) {
     regs_dealloc<40>();
-    if (threadIdx.x == 0)
-      produce(p, Load{&qkv128, h * kD}, Load{&dy128, h * kD}, static_cast<int>(q0),
-              Load{&qkv64, (g.heads + h) * kD}, Load{&qkv64, (2 * g.heads + h) * kD}, 0, nkt, b);
+    if (threadIdx.x == 0) {
+      RingPos at;
+      int j = 0;
+      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+        int64_t bh, q0;
+        int nkt;
+        unit(u, bh, q0, nkt);
+        const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
+        produce(p, at, j, Load{&qkv128, h * kD}, Load{&dy128, h * kD}, static_cast<int>(q0),
+                Load{&qkv64, (g.heads + h) * kD}, Load{&qkv64, (2 * g.heads + h) * kD}, 0, nkt, b);
+      }
+    }
   } else {
     regs_alloc<232>();
-    dq_consume<T>(p, g, threadIdx.x / 128 - 1, bh, y, dy, lse, dsum, dqkv, q0, nkt, mask);
+    int j = 0, base = 0;
+    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+      int64_t bh, q0;
+      int nkt;
+      unit(u, bh, q0, nkt);
+      dq_consume<T>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0, nkt,
+                    mask);
+      base += nkt;
+    }
   }
 #endif
 }
@@ -517,9 +590,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Backward dk/dv: 128 keys per CTA, 64-query tiles from the diagonal on.
 
 template <class T>
-__device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t bh,
-                            const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
-                            const DeviceMask& mask) {
+__device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base,
+                            int64_t bh, const float* lse, const float* dsum, T* dqkv, int64_t k0,
+                            int nit, const DeviceMask& mask) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, kw = k0 + 64 * c + 16 * warp;  // the warp's first key
@@ -528,9 +601,9 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
   float dk[32], dv[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) dk[i] = dv[i] = 0.0f;
-  mbar_wait(p.res, 0);
-  const uint64_t kd = smem_desc_k128(p.resident(0) + c * 64 * kRowBytes);
-  const uint64_t vd = smem_desc_k128(p.resident(1) + c * 64 * kRowBytes);
+  mbar_wait(&p.res_full[j & 1], (j >> 1) & 1);
+  const uint64_t kd = smem_desc_k128(p.resident(j & 1, 0) + c * 64 * kRowBytes);
+  const uint64_t vd = smem_desc_k128(p.resident(j & 1, 1) + c * 64 * kRowBytes);
   float s[32], dp[32];  // rows: the warp's 16 keys; columns: the tile's 64 queries
   u32 pa[4][4], da[4][4];
   // Query tile it's Sᵀ and dPᵀ; dV and dK of tile it − 1 run while tile it's Pdᵀ and dSᵀ are
@@ -539,14 +612,14 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
     // The tile's row statistics (lse in log2 units, D), double-buffered per warpgroup: the
     // barrier orders this write after every read of the buffer two tiles ago.
     const int64_t q0 = k0 + 64LL * it;
-    float* st = p.stats + c * 256 + (it & 1) * 128;
+    float* st = p.stats + c * 256 + ((base + it) & 1) * 128;
     if (tid < 64) {
       const int64_t i = q0 + tid;
       st[tid] = i < t ? lse[bh * t + i] * kLog2e : 0.0f;
       st[64 + tid] = i < t ? dsum[bh * t + i] : 0.0f;
     }
     named_barrier_sync(1 + c, 128);
-    const Slot<kBwdStages> at(it);
+    const Slot<kBwdStages> at(base + it);
     mbar_wait(&p.full[at.stage], at.phase);
     wgmma_fence();
     mma_scores<64, T>(s, kd, smem_desc_k128(p.tile(at.stage, 0)));
@@ -554,14 +627,14 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
     wgmma_commit();
   };
   auto issue_dkv = [&](int it) {
-    const int stage = Slot<kBwdStages>(it).stage;
+    const int stage = Slot<kBwdStages>(base + it).stage;
     mma_rows<64, T>(dv, pa, smem_desc_mn128(p.tile(stage, 1), kBox64));
     mma_rows<64, T>(dk, da, smem_desc_mn128(p.tile(stage, 0), kBox64));
     wgmma_commit();
   };
   auto grads = [&](int it) {  // Pdᵀ into s, dSᵀ into dp
     const int64_t q0 = k0 + 64LL * it;
-    const float* st = p.stats + c * 256 + (it & 1) * 128;
+    const float* st = p.stats + c * 256 + ((base + it) & 1) * 128;
     const bool near = q0 < k0 + 64 * c + 63;  // some query of the tile is before a key
     if (mask.active)  // byte idx: query q0 + idx % 64, keys kw + 8·(idx / 64) …
       attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
@@ -600,7 +673,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
     fence_accumulators(dk);
     fence_operands(pa);
     fence_operands(da);
-    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(it - 1).stage]);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(base + it - 1).stage]);
     to_a<T, 64>(s, pa);
     to_a<T, 64>(dp, da);
   }
@@ -611,7 +684,10 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int64_t 
   fence_accumulators(dk);
   fence_operands(pa);
   fence_operands(da);
-  if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(nit - 1).stage]);
+  if (lane == 0) {
+    mbar_arrive(&p.empty[Slot<kBwdStages>(base + nit - 1).stage]);
+    mbar_arrive(&p.res_empty[j & 1]);
+  }
   const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
   T* dkg = dqkv + b * t * ld + (g.heads + h) * kD;
   store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane);
@@ -622,14 +698,10 @@ template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
                const __grid_constant__ CUtensorMap dy64, const float* lse, const float* dsum,
-               T* dqkv, Geometry g, DeviceMask mask) {
+               T* dqkv, Geometry g, Units units, DeviceMask mask) {
 #if FFN_ATTN_SM90_CODE
   extern __shared__ uint8_t smem_raw[];
   const BwdPipe p = BwdPipe::carve(smem_raw);
-  const int64_t bh = blockIdx.x;
-  const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
-  const int64_t k0 = 128LL * blockIdx.y;  // long columns (early keys) first
-  const int nit = static_cast<int>((g.t - k0 + 63) / 64);
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&qkv128);
     prefetch_tensor_map(&qkv64);
@@ -637,15 +709,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     p.init();
   }
   __syncthreads();
+  // Unit u: key block k0 of head bh (the first blocks, most query tiles, first) and its
+  // query tiles from the diagonal on.
+  auto unit = [&](int64_t u, int64_t& bh, int64_t& k0, int& nit) {
+    bh = units.bh(u);
+    k0 = 128LL * units.rank(u);
+    nit = static_cast<int>((g.t - k0 + 63) / 64);
+  };
   if (threadIdx.x < 128) {
     regs_dealloc<40>();
-    if (threadIdx.x == 0)
-      produce(p, Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD},
-              static_cast<int>(k0), Load{&qkv64, h * kD}, Load{&dy64, h * kD},
-              static_cast<int>(k0), nit, b);
+    if (threadIdx.x == 0) {
+      RingPos at;
+      int j = 0;
+      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+        int64_t bh, k0;
+        int nit;
+        unit(u, bh, k0, nit);
+        const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
+        produce(p, at, j, Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD},
+                static_cast<int>(k0), Load{&qkv64, h * kD}, Load{&dy64, h * kD},
+                static_cast<int>(k0), nit, b);
+      }
+    }
   } else {
     regs_alloc<232>();
-    dkv_consume<T>(p, g, threadIdx.x / 128 - 1, bh, lse, dsum, dqkv, k0, nit, mask);
+    int j = 0, base = 0;
+    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+      int64_t bh, k0;
+      int nit;
+      unit(u, bh, k0, nit);
+      dkv_consume<T>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit, mask);
+      base += nit;
+    }
   }
 #endif
 }
@@ -680,6 +775,12 @@ void with_half(DType dt, const F& f) {
     f.template operator()<__half>();
 }
 
+// One CTA per SM (each takes one: 384 threads at up to 232 registers), none idle.
+unsigned persistent_grid(const Units& u, int dev) {
+  const int64_t sms = properties(dev).multiProcessorCount;
+  return static_cast<unsigned>(std::min<int64_t>(u.bh_count * u.blocks, sms));
+}
+
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 }  // namespace
@@ -706,11 +807,12 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
   const int64_t b = qkv.size(0), t = qkv.size(1);
   const Geometry g{t, static_cast<int>(heads), scale};
   const CUtensorMap m128 = rows_map(qkv, 128, op);
-  const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + 127) / 128));
+  const Units units{b * heads, static_cast<int>((t + 127) / 128)};
+  const unsigned grid = persistent_grid(units, dev);
   with_half(qkv.dtype(), [&]<class T>() {
     allow_smem(reinterpret_cast<const void*>(fwd_kernel<T>), FwdPipe::kSmem);
     fwd_kernel<T><<<grid, kThreads, FwdPipe::kSmem, stream(dev)>>>(
-        m128, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, DeviceMask::from(d));
+        m128, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, units, DeviceMask::from(d));
     FFN_CHECK_LAUNCH();
   });
 }
@@ -731,17 +833,18 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const CUtensorMap q128 = rows_map(qkv, 128, op), q64 = rows_map(qkv, 64, op);
   const CUtensorMap dy128 = rows_map(dy, 128, op), dy64 = rows_map(dy, 64, op);
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
-  const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + 127) / 128));
+  const Units units{b * heads, static_cast<int>((t + 127) / 128)};
+  const unsigned grid = persistent_grid(units, dev);
   with_half(qkv.dtype(), [&]<class T>() {
     allow_smem(reinterpret_cast<const void*>(dq_kernel<T>), BwdPipe::kSmem);
     dq_kernel<T><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy128, static_cast<const T*>(y.data_ptr()), static_cast<const T*>(dy.data_ptr()),
-        lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, mask);
+        lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, units, mask);
     FFN_CHECK_LAUNCH();
     allow_smem(reinterpret_cast<const void*>(dkv_kernel<T>), BwdPipe::kSmem);
     dkv_kernel<T><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()),
-        g, mask);
+        g, units, mask);
     FFN_CHECK_LAUNCH();
   });
 }

@@ -258,3 +258,34 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
                                          "cannot run"),
                        Error);
 }
+
+// A small case for compute-sanitizer (tools/gpu-check attnsan; the reference test above is
+// too slow under racecheck): the Hopper kernels, with several units per CTA when the grid is
+// smaller than the work, against the mma.sync ones.
+FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
+  Generator g(41);
+  for (auto [b, t] : {std::pair<int64_t, int64_t>{1, 7}, {3, 200}, {2, 300}})
+    for (float p : {0.0f, 0.2f}) {
+      const int64_t h = 2, c = h * 64;
+      const Tensor qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
+      if (!cuda::sm90_attention_supported(qkv, h)) {
+        MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
+        return;
+      }
+      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(kGpu);
+      const DropoutSpec d{p, 5, 3};
+      std::vector<Tensor> out[2];
+      int k = 0;
+      for (cuda::AttentionKernel kernel : {cuda::AttentionKernel::sm90, cuda::AttentionKernel::mma_sync}) {
+        Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
+        Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
+        Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, kGpu);
+        cuda::fused_attention(qkv, h, 0.125, d, y, lse, kernel);
+        cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, kernel);
+        out[k++] = {y.to(Device::cpu()).to(DType::f64), dqkv.to(Device::cpu()).to(DType::f64)};
+      }
+      // Two bf16 implementations of the same math: apart by their rounding, not more.
+      CHECK(max_abs_diff(out[0][0], out[1][0]) <= 0.02 * max_abs(out[1][0]) + 1e-3);
+      CHECK(max_abs_diff(out[0][1], out[1][1]) <= 0.02 * max_abs(out[1][1]) + 1e-3);
+    }
+}
