@@ -21,11 +21,11 @@
 // per (query, 8 consecutive keys) — one Philox call when T % 8 == 0, so no draw is made
 // twice — and each lane then picks the bits of its fragment elements.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <map>
+#include <string>
 #include <type_traits>
 #include <utility>
 
