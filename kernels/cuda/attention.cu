@@ -592,16 +592,20 @@ AttentionKernel from_environment() {
   return k;
 }
 
-// automatic: the Hopper kernels from T = 512 on. Measured on the H100 (bench/RESULTS.md,
-// session 10; ffn-bench --attention): at T = 1024 (gpt2_small) they take 0.164 / 0.483 ms
-// forward / backward against mma.sync's 0.187 / 0.552; at T = 256 (shakespeare_char) 0.049 /
-// 0.142 against 0.044 / 0.123 — their 128-row blocks leave short sequences too few CTAs.
-constexpr int64_t kSm90MinT = 512;
+// automatic: the Hopper kernels from T = 512 on, and from T = 256 without attention dropout.
+// Measured on the H100 (bench/RESULTS.md, session 10; ffn-bench --attention, head 64): at
+// T = 1024 they take 0.098 / 0.354 ms forward / backward against mma.sync's 0.171 / 0.514;
+// at T = 256 0.033 / 0.113 against 0.042 / 0.116 without dropout, but 0.058 / 0.141 against
+// 0.054 / 0.136 with p = 0.1 (their mask draws are not yet overlapped with the MMAs).
+// Shorter sequences are unmeasured and stay on mma.sync.
+constexpr int64_t kSm90MinT = 512, kSm90MinTNoDropout = 256;
 
-bool use_sm90(const Tensor& qkv, int64_t heads, AttentionKernel kernel, const char* op) {
+bool use_sm90(const Tensor& qkv, int64_t heads, const DropoutSpec& d, AttentionKernel kernel,
+              const char* op) {
   if (kernel == AttentionKernel::automatic) {
     kernel = from_environment();
-    if (kernel == AttentionKernel::automatic && qkv.size(1) < kSm90MinT) return false;
+    const int64_t min_t = d.active() ? kSm90MinT : kSm90MinTNoDropout;
+    if (kernel == AttentionKernel::automatic && qkv.size(1) < min_t) return false;
   }
   if (kernel == AttentionKernel::mma_sync) return false;
   const bool ok = sm90_attention_supported(qkv, heads);
@@ -614,7 +618,7 @@ bool use_sm90(const Tensor& qkv, int64_t heads, AttentionKernel kernel, const ch
 
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
                      Tensor& y, Tensor& lse, AttentionKernel kernel) {
-  if (use_sm90(qkv, heads, kernel, "fused_attention"))
+  if (use_sm90(qkv, heads, d, kernel, "fused_attention"))
     return sm90_attention_forward(qkv, heads, static_cast<float>(scale), d, y, lse);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
@@ -638,7 +642,7 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
                               Tensor& dqkv, AttentionKernel kernel) {
-  if (use_sm90(qkv, heads, kernel, "fused_attention_backward"))
+  if (use_sm90(qkv, heads, d, kernel, "fused_attention_backward"))
     return sm90_attention_backward(qkv, y, dy, lse, heads, static_cast<float>(scale), d, dqkv);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);

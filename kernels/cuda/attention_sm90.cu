@@ -31,7 +31,7 @@
 // so rows past T (the last block of a sequence) load as zeros and never read the next
 // sequence; those rows are masked (keys) or not stored (queries). Sizes: forward streams
 // 128-key tiles (S is 64×128 per warpgroup); the backward kernels stream 64-row tiles, which
-// keeps S, dP, the packed operands and both accumulators of dk/dv within the consumers' 232
+// keeps S, dP, the packed operands and both accumulators of dk/dv within the consumers' 240
 // registers without spilling.
 //
 // Same results as attention.cu up to fp32 summation order (the reference tests hold both to
@@ -253,7 +253,7 @@ struct Slot {
 // then wait for P·V, release tile kt − 1's stage, rescale O and pack P of tile kt. Every
 // non-wgmma write of O and of P's registers happens with no wgmma in flight, which is what
 // lets ptxas keep the wgmmas asynchronous (it serializes them otherwise, warning C7515).
-template <class T>
+template <class T, bool DROP>
 __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, int base,
                             int64_t bh, T* y, float* lse, int64_t q0, int nkt,
                             const DeviceMask& mask) {
@@ -281,31 +281,43 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, i
     mma_rows<128, T>(o, pa, smem_desc_mn128(p.tile(Slot<kFwdStages>(base + kt).stage, 1), kBox64));
     wgmma_commit();
   };
-  // The softmax of tile kt's scores in s: the running max and sum, P (dropped) in s, and the
-  // factor alpha by which O must be rescaled.
+  // The softmax of tile kt's scores in s: the running max and sum (log2 units), P (dropped)
+  // in s, and the factor alpha by which O must be rescaled. Trimmed to the few instructions
+  // per score that bound this kernel (Note [Hopper attention]): the causal test only on the
+  // diagonal tile, in 32-bit offsets; the max on the raw scores (scale > 0); one FFMA before
+  // each exp2; the dropout code only in the DROP kernels.
   auto softmax = [&](int kt, float(&alpha)[2]) {
     const int64_t k0 = 128LL * kt;
-    const bool diag = kt == nkt - 1;
     float mx[2] = {-INFINITY, -INFINITY};
+    auto scan = [&]<bool DIAG>() {
+      // Key j = k0 + 8n + 2cq + (e&1) is after query i = qw + gr + 8(e/2) when rel + 8n +
+      // (e&1) − 8(e/2) > 0 (|rel| < 256 on the diagonal tile).
+      const int rel = DIAG ? static_cast<int>(k0 - qw) - gr + 2 * cq : 0;
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+      for (int n = 0; n < 16; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = qw + gr + 8 * (e >> 1), j = k0 + 8 * n + 2 * cq + (e & 1);
-        const float v = diag && j > i ? -INFINITY : s[4 * n + e] * sl2;
-        s[4 * n + e] = v;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (DIAG)
+            if (rel + 8 * n + (e & 1) - 8 * (e >> 1) > 0) s[4 * n + e] = -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * n + e]);
+        }
+    };
+    if (kt == nkt - 1)
+      scan.template operator()<true>();
+    else
+      scan.template operator()<false>();
+    float nm[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mnew = fmaxf(mrow[r], mx[r]);  // finite: key k0 ≤ every query of the block
+      const float mnew = fmaxf(mrow[r], mx[r] * sl2);  // finite: key k0 ≤ every query
       alpha[r] = ex2(mrow[r] - mnew);
       mrow[r] = mnew;
+      nm[r] = -mnew;
       lrow[r] *= alpha[r];
     }
-    if (mask.active)
+    if constexpr (DROP)
       attn::draw_bytes<8>(mb, mask, bh, t, lane, [&](int idx) {
         return QueryKeys{qw + (idx >> 4), k0 + 8 * (idx & 15)};
       });
@@ -313,14 +325,13 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, i
     for (int n = 0; n < 16; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pr = ex2(s[4 * n + e] - mrow[e >> 1]);
+        float pr = ex2(fmaf(s[4 * n + e], sl2, nm[e >> 1]));
         lrow[e >> 1] += pr;
-        float f = 1.0f;
-        if (mask.active) {
+        if constexpr (DROP) {
           const int bits = mb[(gr + 8 * (e >> 1)) * 16 + n];
-          f = (bits >> (2 * cq + (e & 1))) & 1 ? mask.scale : 0.0f;
+          pr = (bits >> (2 * cq + (e & 1))) & 1 ? pr * mask.scale : 0.0f;
         }
-        s[4 * n + e] = pr * f;
+        s[4 * n + e] = pr;
       }
   };
   float alpha[2];
@@ -365,7 +376,7 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, i
   store_rows<T>(o, inv[0], inv[1], y + b * t * ldy + h * kD, ldy, qw, t, lane);
 }
 
-template <class T>
+template <class T, bool DROP>
 __global__ void __launch_bounds__(kThreads, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap qkv128, T* y, float* lse, Geometry g,
                Units units, DeviceMask mask) {
@@ -383,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     qt = units.blocks - 1 - units.rank(u);
   };
   if (threadIdx.x < 128) {
-    regs_dealloc<40>();
+    regs_dealloc<24>();
     if (threadIdx.x == 0) {
       RingPos at;
       int j = 0;
@@ -398,13 +409,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    regs_alloc<232>();
+    regs_alloc<240>();
     int j = 0, base = 0;
     for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
       int64_t bh;
       int qt;
       unit(u, bh, qt);
-      fwd_consume<T>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, lse, 128LL * qt, qt + 1, mask);
+      fwd_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, lse, 128LL * qt, qt + 1, mask);
       base += qt + 1;
     }
   }
@@ -417,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kBwdRows = 64, kBwdStages = 6;
 using BwdPipe = Pipe<kBwdRows, kBwdStages>;
 
-template <class T>
+template <class T, bool DROP>
 __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base,
                            int64_t bh, const T* y, const T* dy, const float* lse, float* dsum,
                            T* dqkv, int64_t q0, int nkt, const DeviceMask& mask) {
@@ -452,11 +463,11 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, in
     }
   }
   named_barrier_sync(1 + c, 128);
-  float l2[2], dr[2];
+  float nl2[2], dr[2];  // −lse in log2 units, and D, of the lane's two rows
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t i = qw + gr + 8 * r;
-    l2[r] = i < t ? lse[bh * t + i] * kLog2e : 0.0f;
+    nl2[r] = i < t ? -lse[bh * t + i] * kLog2e : 0.0f;
     dr[r] = dsum_s[16 * warp + gr + 8 * r];
   }
   float dq[32];
@@ -481,27 +492,36 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, in
     mma_rows<64, T>(dq, da, smem_desc_mn128(p.tile(Slot<kBwdStages>(base + kt).stage, 0), kBox64));
     wgmma_commit();
   };
-  auto ds = [&](int kt) {  // dS of tile kt into s
+  auto ds = [&](int kt) {  // dS of tile kt into s (trimmed as the forward's softmax)
     const int64_t k0 = 64LL * kt;
-    const bool near = k0 + 63 > q0 + 64 * c;  // some key of the tile is after a query
-    if (mask.active)
+    if constexpr (DROP)
       attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
         return QueryKeys{qw + (idx >> 3), k0 + 8 * (idx & 7)};
       });
+    auto run = [&]<bool NEAR>() {
+      // Key j = k0 + 8n + 2cq + (e&1) is after query i = qw + gr + 8(e/2) when rel + 8n +
+      // (e&1) − 8(e/2) > 0.
+      const int rel = NEAR ? static_cast<int>(k0 - qw) - gr + 2 * cq : 0;
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int64_t i = qw + gr + 8 * r, j = k0 + 8 * n + 2 * cq + (e & 1);
-        const float pr = near && j > i ? 0.0f : ex2(s[4 * n + e] * sl2 - l2[r]);
-        float f = 1.0f;
-        if (mask.active) {
-          const int bits = mb[(gr + 8 * r) * 8 + n];
-          f = (bits >> (2 * cq + (e & 1))) & 1 ? mask.scale : 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float pr = ex2(fmaf(s[4 * n + e], sl2, nl2[r]));
+          if constexpr (NEAR)
+            if (rel + 8 * n + (e & 1) - 8 * r > 0) pr = 0.0f;
+          float dpv = dp[4 * n + e];
+          if constexpr (DROP) {
+            const int bits = mb[(gr + 8 * r) * 8 + n];
+            dpv = (bits >> (2 * cq + (e & 1))) & 1 ? dpv * mask.scale : 0.0f;
+          }
+          s[4 * n + e] = pr * (dpv - dr[r]);
         }
-        s[4 * n + e] = pr * (dp[4 * n + e] * f - dr[r]);
-      }
+    };
+    if (k0 + 63 > q0 + 64 * c)  // some key of the tile is after a query
+      run.template operator()<true>();
+    else
+      run.template operator()<false>();
   };
   issue_scores(0);
   wgmma_wait<0>();
@@ -535,7 +555,7 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, in
   store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane);
 }
 
-template <class T>
+template <class T, bool DROP>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
               const __grid_constant__ CUtensorMap dy128, const T* y, const T* dy, const float* lse,
@@ -558,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     nkt = static_cast<int>((kend + 63) / 64);
   };
   if (threadIdx.x < 128) {
-    regs_dealloc<40>();
+    regs_dealloc<24>();
     if (threadIdx.x == 0) {
       RingPos at;
       int j = 0;
@@ -572,13 +592,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    regs_alloc<232>();
+    regs_alloc<240>();
     int j = 0, base = 0;
     for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
       int64_t bh, q0;
       int nkt;
       unit(u, bh, q0, nkt);
-      dq_consume<T>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0, nkt,
+      dq_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0, nkt,
                     mask);
       base += nkt;
     }
@@ -589,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------
 // Backward dk/dv: 128 keys per CTA, 64-query tiles from the diagonal on.
 
-template <class T>
+template <class T, bool DROP>
 __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base,
                             int64_t bh, const float* lse, const float* dsum, T* dqkv, int64_t k0,
                             int nit, const DeviceMask& mask) {
@@ -632,27 +652,46 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     mma_rows<64, T>(dk, da, smem_desc_mn128(p.tile(stage, 0), kBox64));
     wgmma_commit();
   };
-  auto grads = [&](int it) {  // Pdᵀ into s, dSᵀ into dp
+  auto grads = [&](int it) {  // Pdᵀ into s, dSᵀ into dp (trimmed as the forward's softmax)
     const int64_t q0 = k0 + 64LL * it;
     const float* st = p.stats + c * 256 + ((base + it) & 1) * 128;
-    const bool near = q0 < k0 + 64 * c + 63;  // some query of the tile is before a key
-    if (mask.active)  // byte idx: query q0 + idx % 64, keys kw + 8·(idx / 64) …
+    if constexpr (DROP)  // byte idx: query q0 + idx % 64, keys kw + 8·(idx / 64) …
       attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
         return QueryKeys{q0 + (idx & 63), kw + 8 * (idx >> 6)};
       });
+    auto run = [&]<bool EDGE>() {
+      // Key j = kw + gr + 8(e/2) is after query i = q0 + col when rel + 8(e/2) − col > 0;
+      // queries col ≥ last are past T.
+      const int rel = EDGE ? static_cast<int>(kw - q0) + gr : 0;
+      const int last = EDGE ? static_cast<int>(t - q0 < 64 ? t - q0 : 64) : 64;
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n) {
+        const int c0 = 8 * n + 2 * cq;
+        const float2 l2 = *reinterpret_cast<const float2*>(st + c0);
+        const float2 dd = *reinterpret_cast<const float2*>(st + 64 + c0);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = 8 * n + 2 * cq + (e & 1);
-        const int64_t i = q0 + col, j = kw + gr + 8 * (e >> 1);
-        const bool ok = i < t && !(near && j > i);
-        const float pr = ok ? ex2(s[4 * n + e] * sl2 - st[col]) : 0.0f;
-        float f = 1.0f;
-        if (mask.active) f = (mb[(e >> 1) * 64 + col] >> gr) & 1 ? mask.scale : 0.0f;
-        s[4 * n + e] = pr * f;
-        dp[4 * n + e] = pr * (dp[4 * n + e] * f - st[64 + col]);
+        for (int e = 0; e < 4; ++e) {
+          const int col = c0 + (e & 1);
+          float pr = ex2(fmaf(s[4 * n + e], sl2, -((e & 1) ? l2.y : l2.x)));
+          if constexpr (EDGE)
+            if (col >= last || rel + 8 * (e >> 1) - col > 0) pr = 0.0f;
+          const float d = (e & 1) ? dd.y : dd.x;
+          if constexpr (DROP) {  // Pd = P·f and dS = P·(dPd·f − D), f = mask/(1−p)
+            const float f = (mb[(e >> 1) * 64 + col] >> gr) & 1 ? mask.scale : 0.0f;
+            s[4 * n + e] = pr * f;
+            dp[4 * n + e] = pr * (dp[4 * n + e] * f - d);
+          } else {
+            s[4 * n + e] = pr;
+            dp[4 * n + e] = pr * (dp[4 * n + e] - d);
+          }
+        }
       }
+    };
+    // Some query of the tile is before a key of the warpgroup's, or past T.
+    if (q0 < k0 + 64 * c + 63 || q0 + 64 > t)
+      run.template operator()<true>();
+    else
+      run.template operator()<false>();
   };
   issue_scores(0);
   wgmma_wait<0>();
@@ -694,7 +733,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
 }
 
-template <class T>
+template <class T, bool DROP>
 __global__ void __launch_bounds__(kThreads, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
                const __grid_constant__ CUtensorMap dy64, const float* lse, const float* dsum,
@@ -717,7 +756,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     nit = static_cast<int>((g.t - k0 + 63) / 64);
   };
   if (threadIdx.x < 128) {
-    regs_dealloc<40>();
+    regs_dealloc<24>();
     if (threadIdx.x == 0) {
       RingPos at;
       int j = 0;
@@ -732,13 +771,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   } else {
-    regs_alloc<232>();
+    regs_alloc<240>();
     int j = 0, base = 0;
     for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
       int64_t bh, k0;
       int nit;
       unit(u, bh, k0, nit);
-      dkv_consume<T>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit, mask);
+      dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit, mask);
       base += nit;
     }
   }
@@ -767,15 +806,23 @@ void allow_smem(const void* kernel, int bytes) {
   }
 }
 
+// f.template operator()<T, DROP>() for the dtype and whether dropout is on (the kernels
+// without it carry no mask code).
 template <class F>
-void with_half(DType dt, const F& f) {
+void with_half_drop(DType dt, bool drop, const F& f) {
+  auto by_drop = [&]<class T>() {
+    if (drop)
+      f.template operator()<T, true>();
+    else
+      f.template operator()<T, false>();
+  };
   if (dt == DType::bf16)
-    f.template operator()<__nv_bfloat16>();
+    by_drop.template operator()<__nv_bfloat16>();
   else
-    f.template operator()<__half>();
+    by_drop.template operator()<__half>();
 }
 
-// One CTA per SM (each takes one: 384 threads at up to 232 registers), none idle.
+// One CTA per SM (each takes one: 384 threads, the consumers at 240 registers), none idle.
 unsigned persistent_grid(const Units& u, int dev) {
   const int64_t sms = properties(dev).multiProcessorCount;
   return static_cast<unsigned>(std::min<int64_t>(u.bh_count * u.blocks, sms));
@@ -809,9 +856,9 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
   const CUtensorMap m128 = rows_map(qkv, 128, op);
   const Units units{b * heads, static_cast<int>((t + 127) / 128)};
   const unsigned grid = persistent_grid(units, dev);
-  with_half(qkv.dtype(), [&]<class T>() {
-    allow_smem(reinterpret_cast<const void*>(fwd_kernel<T>), FwdPipe::kSmem);
-    fwd_kernel<T><<<grid, kThreads, FwdPipe::kSmem, stream(dev)>>>(
+  with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
+    allow_smem(reinterpret_cast<const void*>(fwd_kernel<T, DROP>), FwdPipe::kSmem);
+    fwd_kernel<T, DROP><<<grid, kThreads, FwdPipe::kSmem, stream(dev)>>>(
         m128, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, units, DeviceMask::from(d));
     FFN_CHECK_LAUNCH();
   });
@@ -835,14 +882,14 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
   const Units units{b * heads, static_cast<int>((t + 127) / 128)};
   const unsigned grid = persistent_grid(units, dev);
-  with_half(qkv.dtype(), [&]<class T>() {
-    allow_smem(reinterpret_cast<const void*>(dq_kernel<T>), BwdPipe::kSmem);
-    dq_kernel<T><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+  with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
+    allow_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP>), BwdPipe::kSmem);
+    dq_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy128, static_cast<const T*>(y.data_ptr()), static_cast<const T*>(dy.data_ptr()),
         lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, units, mask);
     FFN_CHECK_LAUNCH();
-    allow_smem(reinterpret_cast<const void*>(dkv_kernel<T>), BwdPipe::kSmem);
-    dkv_kernel<T><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+    allow_smem(reinterpret_cast<const void*>(dkv_kernel<T, DROP>), BwdPipe::kSmem);
+    dkv_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()),
         g, units, mask);
     FFN_CHECK_LAUNCH();
