@@ -173,6 +173,27 @@ __device__ void produce(const Pipe<SROWS, STAGES>& p, RingPos& at, int j, Load r
 }
 
 
+// The roles of a persistent kernel over its CTA's units (x, x + gridDim.x, …): thread 0 of
+// warpgroup 0 calls produce_unit(j, u) for the j-th; the consumer warpgroups call
+// consume_unit(j, u, base), which returns the unit's streamed tiles, base counting those
+// before it (the ring position). Each role is one branch, as setmaxnreg needs (HOPPER.md).
+template <class Produce, class Consume>
+__device__ __forceinline__ void run_units(const Units& units, const Produce& produce_unit,
+                                          const Consume& consume_unit) {
+  if (threadIdx.x < 128) {
+    regs_dealloc<24>();
+    if (threadIdx.x == 0) {
+      int j = 0;
+      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) produce_unit(j, u);
+    }
+  } else {
+    regs_alloc<240>();
+    int j = 0, base = 0;
+    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j)
+      base += consume_unit(j, u, base);
+  }
+}
+
 // Keeps the compiler from reusing A-operand registers before the wgmmas reading them are done.
 template <int K>
 __device__ __forceinline__ void fence_operands(u32 (&a)[K][4]) {
@@ -393,12 +414,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     bh = units.bh(u);
     qt = units.blocks - 1 - units.rank(u);
   };
-  if (threadIdx.x < 128) {
-    regs_dealloc<24>();
-    if (threadIdx.x == 0) {
-      RingPos at;
-      int j = 0;
-      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+  RingPos at;
+  run_units(
+      units,
+      [&](int j, int64_t u) {
         int64_t bh;
         int qt;
         unit(u, bh, qt);
@@ -406,19 +425,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce(p, at, j, Load{&qkv128, h * kD}, Load{nullptr, 0}, 128 * qt,
                 Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD}, 0,
                 qt + 1, b);
-      }
-    }
-  } else {
-    regs_alloc<240>();
-    int j = 0, base = 0;
-    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
-      int64_t bh;
-      int qt;
-      unit(u, bh, qt);
-      fwd_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, lse, 128LL * qt, qt + 1, mask);
-      base += qt + 1;
-    }
-  }
+      },
+      [&](int j, int64_t u, int base) {
+        int64_t bh;
+        int qt;
+        unit(u, bh, qt);
+        fwd_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, lse, 128LL * qt, qt + 1,
+                             mask);
+        return qt + 1;
+      });
 #endif
 }
 
@@ -577,32 +592,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int64_t kend = q0 + 128 < g.t ? q0 + 128 : g.t;  // keys [0, kend)
     nkt = static_cast<int>((kend + 63) / 64);
   };
-  if (threadIdx.x < 128) {
-    regs_dealloc<24>();
-    if (threadIdx.x == 0) {
-      RingPos at;
-      int j = 0;
-      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+  RingPos at;
+  run_units(
+      units,
+      [&](int j, int64_t u) {
         int64_t bh, q0;
         int nkt;
         unit(u, bh, q0, nkt);
         const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
         produce(p, at, j, Load{&qkv128, h * kD}, Load{&dy128, h * kD}, static_cast<int>(q0),
                 Load{&qkv64, (g.heads + h) * kD}, Load{&qkv64, (2 * g.heads + h) * kD}, 0, nkt, b);
-      }
-    }
-  } else {
-    regs_alloc<240>();
-    int j = 0, base = 0;
-    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
-      int64_t bh, q0;
-      int nkt;
-      unit(u, bh, q0, nkt);
-      dq_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0, nkt,
-                    mask);
-      base += nkt;
-    }
-  }
+      },
+      [&](int j, int64_t u, int base) {
+        int64_t bh, q0;
+        int nkt;
+        unit(u, bh, q0, nkt);
+        dq_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0,
+                            nkt, mask);
+        return nkt;
+      });
 #endif
 }
 
@@ -755,12 +763,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     k0 = 128LL * units.rank(u);
     nit = static_cast<int>((g.t - k0 + 63) / 64);
   };
-  if (threadIdx.x < 128) {
-    regs_dealloc<24>();
-    if (threadIdx.x == 0) {
-      RingPos at;
-      int j = 0;
-      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
+  RingPos at;
+  run_units(
+      units,
+      [&](int j, int64_t u) {
         int64_t bh, k0;
         int nit;
         unit(u, bh, k0, nit);
@@ -768,19 +774,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         produce(p, at, j, Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD},
                 static_cast<int>(k0), Load{&qkv64, h * kD}, Load{&dy64, h * kD},
                 static_cast<int>(k0), nit, b);
-      }
-    }
-  } else {
-    regs_alloc<240>();
-    int j = 0, base = 0;
-    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) {
-      int64_t bh, k0;
-      int nit;
-      unit(u, bh, k0, nit);
-      dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit, mask);
-      base += nit;
-    }
-  }
+      },
+      [&](int j, int64_t u, int base) {
+        int64_t bh, k0;
+        int nit;
+        unit(u, bh, k0, nit);
+        dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
+                             mask);
+        return nit;
+      });
 #endif
 }
 
