@@ -89,9 +89,9 @@ constexpr int kRowBytes = 128;  // one 64-element row of a tile
 constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 [[maybe_unused]] constexpr uint32_t kBox64 = 64 * kRowBytes;  // one 64-row tile's bytes
 
-// Shared memory of one CTA: two resident 128-row tiles, STAGES stages of two streamed
-// SROWS-row tiles (all 1024-byte aligned for the 128-byte swizzle), the warps' mask bytes,
-// the consumers' row statistics, the barriers.
+// Shared memory of one CTA: two slots of two resident 128-row tiles, STAGES stages of two
+// streamed SROWS-row tiles (all 1024-byte aligned for the 128-byte swizzle), the warps' mask
+// bytes, the consumers' row statistics, the barriers.
 template <int SROWS, int STAGES>
 struct Pipe {
   static constexpr int kResBytes = 128 * kRowBytes;
@@ -123,7 +123,9 @@ struct Pipe {
   }
   // Resident tile i of slot `slot` (units alternate between two slots, so the producer
   // loads the next unit's while the consumers finish this one).
-  __device__ uint8_t* resident(int slot, int i) const { return tiles + (2 * slot + i) * kResBytes; }
+  __device__ uint8_t* resident(int slot, int i) const {
+    return tiles + (2 * slot + i) * kResBytes;
+  }
   __device__ uint8_t* tile(int s, int i) const {
     return tiles + 4 * kResBytes + s * kStageBytes + i * kTileBytes;
   }
@@ -171,7 +173,6 @@ __device__ void produce(const Pipe<SROWS, STAGES>& p, RingPos& at, int j, Load r
     if (++at.stage == STAGES) at.stage = 0, at.phase ^= 1;
   }
 }
-
 
 // The roles of a persistent kernel over its CTA's units (x, x + gridDim.x, …): thread 0 of
 // warpgroup 0 calls produce_unit(j, u) for the j-th; the consumer warpgroups call
@@ -238,7 +239,8 @@ __device__ __forceinline__ void store_rows(const float (&acc)[32], float mul0, f
 template <int N, class T>
 __device__ __forceinline__ void mma_scores(float (&s)[N / 2], uint64_t da, uint64_t db) {
 #pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) Wgmma<N, T>::template mma<0, 0>(s, da + 2 * kk, db + 2 * kk, kk);
+  for (int kk = 0; kk < kD / 16; ++kk)
+    Wgmma<N, T>::template mma<0, 0>(s, da + 2 * kk, db + 2 * kk, kk);
 }
 // acc (64×64) += A·B, A as K/16 register fragments, B a K-row tile read N-major at db.
 template <int K, class T>
@@ -265,7 +267,8 @@ template <int STAGES>
 struct Slot {
   int stage;
   uint32_t phase;
-  __device__ explicit Slot(int k) : stage(k % STAGES), phase(static_cast<uint32_t>(k / STAGES) & 1) {}
+  __device__ explicit Slot(int k)
+      : stage(k % STAGES), phase(static_cast<uint32_t>(k / STAGES) & 1) {}
 };
 
 // Per key tile kt ≥ 1 (FlashAttention-3's intra-warpgroup overlap): issue S = Q·Kᵀ of tile
@@ -743,7 +746,8 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
 
 template <class T, bool DROP>
 __global__ void __launch_bounds__(kThreads, 1)
-    dkv_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
+    dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
+               const __grid_constant__ CUtensorMap qkv64,
                const __grid_constant__ CUtensorMap dy64, const float* lse, const float* dsum,
                T* dqkv, Geometry g, Units units, DeviceMask mask) {
 #if FFN_ATTN_SM90_CODE
@@ -803,7 +807,8 @@ void allow_smem(const void* kernel, int bytes) {
   FFN_CHECK_CUDA(cudaGetDevice(&dev));
   bool& d = done[{kernel, dev}];
   if (!d) {
-    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    FFN_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     d = true;
   }
 }

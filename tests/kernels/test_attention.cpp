@@ -153,93 +153,96 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
         for (cuda::AttentionKernel kernel :
              {cuda::AttentionKernel::automatic, cuda::AttentionKernel::mma_sync,
               cuda::AttentionKernel::sm90}) {
-        // Each implementation that runs here on the same case: automatic (what the layers
-        // use), then mma.sync and the Hopper kernels (head_dim 64 on an sm_90a build and GPU)
-        // forced.
-        const bool hopper = cuda::sm90_attention_supported(
-            Tensor::empty({cs.b, cs.t, 3 * cs.h * cs.d}, dt, kGpu), cs.h);
-        if (kernel != cuda::AttentionKernel::automatic && !hopper) continue;
-        CAPTURE(cs.t);
-        CAPTURE(cs.d);
-        CAPTURE(p);
-        std::string tag = " ";
-        tag += dtype_name(dt);
-        tag += " T=" + std::to_string(cs.t);
-        tag += kernel == cuda::AttentionKernel::mma_sync ? " mma.sync"
-               : kernel == cuda::AttentionKernel::sm90  ? " sm90"
-                                                        : " automatic";
-        REQUIRE(fused_attention_supported(dt, cs.t, cs.d));
-        const int64_t c = cs.h * cs.d;
-        const DropoutSpec d{p, 5, 9};
-        const Tensor qkv = rand64({cs.b, cs.t, 3 * c}, g).to(dt).to(DType::f64);
-        const Tensor dy = rand64({cs.b, cs.t, c}, g).to(dt).to(DType::f64);
-        auto run = [&](Device dev, DType type, bool fused) {
-          Var x(qkv.to(type).to(dev), true);
-          Var y = fn::causal_attention(x, cs.h, d, fused);
-          y.backward(dy.to(type).to(dev));
-          return std::vector<Tensor>{y.value().to(Device::cpu()).to(DType::f64),
-                                     x.grad().to(Device::cpu()).to(DType::f64)};
-        };
-        // f64 reference: the op's CPU reference (equal to the composite path, CPU tests).
-        const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
-        Tensor y64 = Tensor::empty({cs.b, cs.t, c}, DType::f64);
-        Tensor lse64 = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32);
-        Tensor dqkv64 = Tensor::empty(qkv.shape(), DType::f64);
-        fused_attention(qkv, cs.h, scale, d, y64, lse64);
-        fused_attention_backward(qkv, y64, dy, lse64, cs.h, scale, d, dqkv64);
-        // The kernels themselves (every case), and the layer (which routes to them where
-        // fused_attention_preferred) bit for bit equal to them.
-        Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
-        Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
-        const Tensor xg = qkv.to(dt).to(kGpu), dyg = dy.to(dt).to(kGpu);
-        y.fill_(std::nan(""));  // every element must be written
-        cuda::fused_attention(xg, cs.h, scale, d, y, lse, kernel);
-        Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu);
-        g1.fill_(std::nan(""));
-        cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1, kernel);
-        const std::vector<Tensor> fused = {y.to(Device::cpu()).to(DType::f64),
-                                           g1.to(Device::cpu()).to(DType::f64)};
-        const auto naive = run(kGpu, dt, false);
-        if (fused_attention_preferred(dt, cs.t, cs.d) && kernel == cuda::AttentionKernel::automatic) {
-          const auto layer = run(kGpu, dt, true);
-          CHECK_MESSAGE(max_abs_diff(layer[0], fused[0]) == 0.0, "layer y == kernel y", tag);
-          CHECK_MESSAGE(max_abs_diff(layer[1], fused[1]) == 0.0, "layer dqkv == kernel dqkv", tag);
-        }
-        // ds_ij = p_ij (dp_ij − D_i) uses D_i = dy_i·y_i with the stored 16-bit y (as
-        // FlashAttention does): its rounding, at most u·Σ_d|dy_id·y_id| (u = 2^-8 for bf16,
-        // 2^-11 for f16), reaches dq_i (and dk_j) through scale·Σ_j p_ij·k_j, so the
-        // gradient may be off by u·scale·max_i Σ_d|dy·y|·max|qkv| beyond the naive error
-        // (it matters where the exact ds is ~0, e.g. T = 1, which the naive path gets exact).
-        double dmax = 0;
-        {
-          const std::vector<double> yv = y64.to_vector(), gv = dy.to_vector();
-          for (size_t r = 0; r < yv.size() / cs.d; ++r) {
-            double acc = 0;
-            for (int64_t k = 0; k < cs.d; ++k) acc += std::abs(yv[r * cs.d + k] * gv[r * cs.d + k]);
-            dmax = std::max(dmax, acc);
+          // Each implementation that runs here on the same case: automatic (what the layers
+          // use), then mma.sync and the Hopper kernels (head_dim 64 on an sm_90a build and GPU)
+          // forced.
+          const bool hopper = cuda::sm90_attention_supported(
+              Tensor::empty({cs.b, cs.t, 3 * cs.h * cs.d}, dt, kGpu), cs.h);
+          if (kernel != cuda::AttentionKernel::automatic && !hopper) continue;
+          CAPTURE(cs.t);
+          CAPTURE(cs.d);
+          CAPTURE(p);
+          std::string tag = " ";
+          tag += dtype_name(dt);
+          tag += " T=" + std::to_string(cs.t);
+          tag += kernel == cuda::AttentionKernel::mma_sync ? " mma.sync"
+                 : kernel == cuda::AttentionKernel::sm90  ? " sm90"
+                                                          : " automatic";
+          REQUIRE(fused_attention_supported(dt, cs.t, cs.d));
+          const int64_t c = cs.h * cs.d;
+          const DropoutSpec d{p, 5, 9};
+          const Tensor qkv = rand64({cs.b, cs.t, 3 * c}, g).to(dt).to(DType::f64);
+          const Tensor dy = rand64({cs.b, cs.t, c}, g).to(dt).to(DType::f64);
+          auto run = [&](Device dev, DType type, bool fused) {
+            Var x(qkv.to(type).to(dev), true);
+            Var y = fn::causal_attention(x, cs.h, d, fused);
+            y.backward(dy.to(type).to(dev));
+            return std::vector<Tensor>{y.value().to(Device::cpu()).to(DType::f64),
+                                       x.grad().to(Device::cpu()).to(DType::f64)};
+          };
+          // f64 reference: the op's CPU reference (equal to the composite path, CPU tests).
+          const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
+          Tensor y64 = Tensor::empty({cs.b, cs.t, c}, DType::f64);
+          Tensor lse64 = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32);
+          Tensor dqkv64 = Tensor::empty(qkv.shape(), DType::f64);
+          fused_attention(qkv, cs.h, scale, d, y64, lse64);
+          fused_attention_backward(qkv, y64, dy, lse64, cs.h, scale, d, dqkv64);
+          // The kernels themselves (every case), and the layer (which routes to them where
+          // fused_attention_preferred) bit for bit equal to them.
+          Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
+          Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
+          const Tensor xg = qkv.to(dt).to(kGpu), dyg = dy.to(dt).to(kGpu);
+          y.fill_(std::nan(""));  // every element must be written
+          cuda::fused_attention(xg, cs.h, scale, d, y, lse, kernel);
+          Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu);
+          g1.fill_(std::nan(""));
+          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1, kernel);
+          const std::vector<Tensor> fused = {y.to(Device::cpu()).to(DType::f64),
+                                             g1.to(Device::cpu()).to(DType::f64)};
+          const auto naive = run(kGpu, dt, false);
+          if (fused_attention_preferred(dt, cs.t, cs.d) &&
+              kernel == cuda::AttentionKernel::automatic) {
+            const auto layer = run(kGpu, dt, true);
+            CHECK_MESSAGE(max_abs_diff(layer[0], fused[0]) == 0.0, "layer y == kernel y", tag);
+            CHECK_MESSAGE(max_abs_diff(layer[1], fused[1]) == 0.0, "layer dqkv == kernel dqkv",
+                          tag);
           }
+          // ds_ij = p_ij (dp_ij − D_i) uses D_i = dy_i·y_i with the stored 16-bit y (as
+          // FlashAttention does): its rounding, at most u·Σ_d|dy_id·y_id| (u = 2^-8 for bf16,
+          // 2^-11 for f16), reaches dq_i (and dk_j) through scale·Σ_j p_ij·k_j, so the
+          // gradient may be off by u·scale·max_i Σ_d|dy·y|·max|qkv| beyond the naive error
+          // (it matters where the exact ds is ~0, e.g. T = 1, which the naive path gets exact).
+          double dmax = 0;
+          {
+            const std::vector<double> yv = y64.to_vector(), gv = dy.to_vector();
+            for (size_t r = 0; r < yv.size() / cs.d; ++r) {
+              double acc = 0;
+              for (int64_t k = 0; k < cs.d; ++k)
+                acc += std::abs(yv[r * cs.d + k] * gv[r * cs.d + k]);
+              dmax = std::max(dmax, acc);
+            }
+          }
+          const double u = std::ldexp(1.0, dt == DType::bf16 ? -8 : -11);
+          const double d_term = u * dmax * max_abs(qkv) / std::sqrt(static_cast<double>(cs.d));
+          const char* names[2] = {"y", "dqkv"};
+          const Tensor ref[2] = {y64, dqkv64};
+          for (int k = 0; k < 2; ++k) {
+            for (double v : fused[k].to_vector()) REQUIRE_MESSAGE(std::isfinite(v), names[k], tag);
+            const double err = max_abs_diff(fused[k], ref[k]);
+            const double naive_err = max_abs_diff(naive[k], ref[k]);
+            CHECK_MESSAGE(err <= 2 * naive_err + (k == 1 ? d_term : 0.0) + 1e-6 * max_abs(ref[k]),
+                          "fused attention ", names[k], tag, " p=", p, ": error ", err,
+                          " vs naive ", naive_err, " (D term ", d_term, ")");
+          }
+          // lse: fp32 statistics of the same scores.
+          check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
+          // Deterministic: a second backward gives the same bits.
+          Tensor g2 = Tensor::empty(xg.shape(), dt, kGpu);
+          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, kernel);
+          CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
+                                     g2.to(Device::cpu()).to(DType::f64)) == 0.0,
+                        "backward is deterministic", tag);
         }
-        const double u = std::ldexp(1.0, dt == DType::bf16 ? -8 : -11);
-        const double d_term = u * dmax * max_abs(qkv) / std::sqrt(static_cast<double>(cs.d));
-        const char* names[2] = {"y", "dqkv"};
-        const Tensor ref[2] = {y64, dqkv64};
-        for (int k = 0; k < 2; ++k) {
-          for (double v : fused[k].to_vector()) REQUIRE_MESSAGE(std::isfinite(v), names[k], tag);
-          const double err = max_abs_diff(fused[k], ref[k]);
-          const double naive_err = max_abs_diff(naive[k], ref[k]);
-          CHECK_MESSAGE(err <= 2 * naive_err + (k == 1 ? d_term : 0.0) + 1e-6 * max_abs(ref[k]),
-                        "fused attention ", names[k], tag, " p=", p, ": error ", err, " vs naive ",
-                        naive_err, " (D term ", d_term, ")");
-        }
-        // lse: fp32 statistics of the same scores.
-        check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
-        // Deterministic: a second backward gives the same bits.
-        Tensor g2 = Tensor::empty(xg.shape(), dt, kGpu);
-        cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, kernel);
-        CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
-                                   g2.to(Device::cpu()).to(DType::f64)) == 0.0,
-                      "backward is deterministic", tag);
-      }
   CHECK_FALSE(fused_attention_supported(DType::f32, 256, 64));
   CHECK_FALSE(fused_attention_supported(DType::bf16, 256, 48));
   CHECK(fused_attention_preferred(DType::bf16, 256, 64));   // shakespeare_char
@@ -276,7 +279,8 @@ FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
       const DropoutSpec d{p, 5, 3};
       std::vector<Tensor> out[2];
       int k = 0;
-      for (cuda::AttentionKernel kernel : {cuda::AttentionKernel::sm90, cuda::AttentionKernel::mma_sync}) {
+      for (cuda::AttentionKernel kernel :
+           {cuda::AttentionKernel::sm90, cuda::AttentionKernel::mma_sync}) {
         Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
         Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
         Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, kGpu);

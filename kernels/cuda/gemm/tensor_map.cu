@@ -98,7 +98,8 @@ bool sm90a_code_on(int dev) {
     FFN_CHECK_CUDA(cudaMalloc(&flag, sizeof(int)));
     sm90a_probe_kernel<<<1, 1>>>(flag);
     const cudaError_t launched = cudaGetLastError();
-    if (launched == cudaSuccess) FFN_CHECK_CUDA(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
+    if (launched == cudaSuccess)
+      FFN_CHECK_CUDA(cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost));
     FFN_CHECK_CUDA(cudaFree(flag));
     // No kernel image for this device at all: no sm_90a code either.
     on = launched == cudaSuccess && host == 1;
