@@ -21,7 +21,7 @@
 // bounded by shared memory, and are deterministic (no atomics: dQ and dK/dV come from two
 // kernels that each recompute the probabilities). Two implementations: mma.sync for any
 // GPU (kernels/cuda/attention.cu), wgmma + TMA on Hopper for head_dim 64
-// (kernels/cuda/attention_sm90.cu, Note [Hopper attention]).
+// (kernels/cuda/attention_sm90*.cu, Note [Hopper attention]).
 #pragma once
 
 #include "core/philox.h"

@@ -14,7 +14,7 @@
 //        diagonal on: Sᵀ = K·Qᵀ, dPdᵀ = V·dYᵀ → pdᵀ, dSᵀ → dV += pdᵀ·dY, dK += dSᵀ·Q.
 // The streamed tiles (K/V in forward and dq, Q/dY in dkv) are double-buffered with cp.async.
 // No limit on T beyond the grid (64·65535 rows). On Hopper with head_dim 64 the entry points
-// hand over to the wgmma kernels of attention_sm90.cu (Note [Hopper attention]).
+// hand over to the wgmma kernels of attention_sm90_*.cu (Note [Hopper attention]).
 //
 // Note [Attention mask draws]: element (bh, i, j) uses draw (bh·T + i)·T + j. Before the
 // probabilities of a tile, a warp draws its tile's keep bits into shared memory, one byte

@@ -1,6 +1,6 @@
 // kernels/cuda/attention.cuh — device pieces shared by the two implementations of the fused
 // causal attention (kernels/attention.h): the mma.sync kernels (attention.cu) and the Hopper
-// wgmma + TMA ones (attention_sm90.cu): rounding to 16 bits, exp2, and the dropout keep bits
+// wgmma + TMA ones (attention_sm90*.cu): rounding to 16 bits, exp2, and the dropout keep bits
 // of Note [Attention mask draws] (attention.cu), which both draw the same way, so both drop
 // the same entries as the CPU reference.
 #pragma once

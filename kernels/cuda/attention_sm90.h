@@ -1,7 +1,7 @@
 // kernels/cuda/attention_sm90.h — the Hopper (sm_90a) kernels of the fused causal attention
 // (kernels/attention.h): the same math, layouts, dropout draws and determinism as the
 // mma.sync kernels in attention.cu, on wgmma with TMA-fed, warp-specialised pipelines
-// (Note [Hopper attention], attention_sm90.cu). Head size 64 only (GPT-2, the char models);
+// (Note [Hopper attention], attention_sm90.cuh). Head size 64 only (GPT-2, the char models);
 // attention.cu routes to them where sm90_attention_supported() and falls back otherwise.
 // Plain C++: no CUDA header needed to include it.
 #pragma once
@@ -14,7 +14,7 @@
 namespace ffn::cuda {
 
 // True when these kernels can run: bf16/f16 qkv on a GPU with sm_90a code in this build
-// (Note [sm_90a code]), head_dim 64, 16-byte aligned tensors, T within the grid.
+// (Note [sm_90a code]), head_dim 64, 16-byte aligned tensors, 0 < T < 2^31.
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads);
 
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).

@@ -151,7 +151,7 @@ struct Wgmma<64, __half> {
 
 // A from registers: a[0..3] hold the warp's 16 rows × 16 k of A in mma.sync's m16n8k16
 // A-fragment layout (a[0]: row l/4, k 2·(l%4)..+1; a[1]: row +8; a[2]: k +8; a[3]: both),
-// which is what an accumulator tile packs to (kernels/cuda/attention_sm90.cu). B from shared
+// which is what an accumulator tile packs to (kernels/cuda/attention_sm90*.cu). B from shared
 // memory, TB = 1 reading it N-major.
 template <int N, class T>
 struct WgmmaRegA;

@@ -1,0 +1,336 @@
+// kernels/cuda/attention_sm90.cuh — the pieces the Hopper attention kernels share
+// (attention_sm90_fwd.cu, attention_sm90_bwd.cu; entry points in attention_sm90.h): the
+// shared-memory pipeline (resident slots and the streamed ring, their mbarriers), the
+// producer, the persistent unit loop, the register-fragment helpers around wgmma, and the
+// host side's tensor maps and launch helpers.
+//
+// Note [Hopper attention]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Three kernels with the same math and the same split as the mma.sync ones (attention.cu):
+// forward; backward dq (also writes D_i = dy_i·y_i); backward dk/dv (launched after dq). Each
+// is a persistent grid of one CTA per SM walking units (a head's 128-row block), the longest
+// first (Units). A CTA is 384 threads: warpgroup 0 is the producer (one thread issues TMA
+// loads; setmaxnreg gives its registers away), warpgroups 1 and 2 are consumers owning 64
+// rows each of the unit's block. The block's own tiles ("resident": Q in forward, Q and dY
+// in dq, K and V in dk/dv) are loaded once per unit into one of two slots, so the next
+// unit's load overlaps this one's end; the other side's tiles ("streamed") pass through a
+// ring of shared-memory stages that carries over between units, with full/empty mbarriers
+// (Note [Hopper GEMM pipeline]'s protocol: full completes on the TMA bytes, empty on one
+// arrival per consumer warp; the resident slots have the same pair).
+//
+// Per streamed tile, each consumer warpgroup issues the score products with A and B from
+// shared memory (S = Q·Kᵀ, and dP = dY·Vᵀ in backward; Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ in dk/dv),
+// works on them in registers (wgmma's accumulator layout is mma.sync's C fragment layout, 16
+// rows per warp, so the softmax, masking and dropout code reads like attention.cu's), packs
+// the probabilities or dS to 16 bits, which is the A-operand register layout, and issues the
+// second products with A from registers and B the streamed tile read N-major: O += P·V;
+// dQ += dS·K; dV += Pdᵀ·dY, dK += dSᵀ·Q. The second products of tile k − 1 are issued right
+// after the score products of tile k, so they run on the tensor cores while the CUDA cores
+// work on tile k's scores (FlashAttention-3's intra-warpgroup overlap; fwd_consume says
+// which register writes must wait for which wgmmas).
+//
+// Tiles are 64 columns (the head) by 64 or 128 rows, 128-byte rows swizzled by TMA as the
+// wgmma descriptors expect (sm90.cuh). Loads go through 3-D tensor maps over [B, T, columns],
+// so rows past T (the last block of a sequence) load as zeros and never read the next
+// sequence; those rows are masked (keys) or not stored (queries). Sizes: forward streams
+// 128-key tiles (S is 64×128 per warpgroup); the backward kernels stream 64-row tiles, which
+// keeps S, dP, the packed operands and both accumulators of dk/dv within the consumers' 240
+// registers without spilling.
+//
+// Same results as attention.cu up to fp32 summation order (the reference tests hold both to
+// the same bound); deterministic (no atomics, fixed order); mask bits from
+// Note [Attention mask draws], so both kernels drop the same entries.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_sm90.h"
+#include "kernels/cuda/gemm/sm90.cuh"
+#include "kernels/cuda/gemm/tensor_map.h"
+#include "kernels/cuda/gemm/wgmma.cuh"
+#include "kernels/cuda/rowwise.cuh"
+
+namespace ffn::cuda {
+
+namespace attn90 {
+
+// The persistent grid's units: (bh, block) pairs, the longest blocks first (for the forward
+// and dq the last query blocks, for dk/dv the first key blocks), CTA x taking units x,
+// x + gridDim.x, …
+struct Units {  // (outside the anonymous namespace: the compute_80 pass never calls it)
+  int64_t bh_count;
+  int blocks;
+  __device__ int64_t count() const { return bh_count * blocks; }
+  __device__ int64_t bh(int64_t u) const { return u % bh_count; }
+  __device__ int rank(int64_t u) const { return static_cast<int>(u / bh_count); }
+};
+
+namespace {
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FFN_ATTN_SM90_CODE 1
+#else
+#define FFN_ATTN_SM90_CODE 0
+#endif
+
+using attn::ex2;
+using attn::kLog2e;
+using attn::pack2;
+using attn::QueryKeys;
+using attn::u32;
+using namespace gemm;  // mbarriers, TMA, wgmma descriptors and instructions
+
+constexpr int kD = 64;          // head size
+constexpr int kRowBytes = 128;  // one 64-element row of a tile
+constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
+[[maybe_unused]] constexpr uint32_t kBox64 = 64 * kRowBytes;  // one 64-row tile's bytes
+
+// Shared memory of one CTA: two slots of two resident 128-row tiles, STAGES stages of two
+// streamed SROWS-row tiles (all 1024-byte aligned for the 128-byte swizzle), the warps' mask
+// bytes, the consumers' row statistics, the barriers.
+template <int SROWS, int STAGES>
+struct Pipe {
+  static constexpr int kResBytes = 128 * kRowBytes;
+  static constexpr int kTileBytes = SROWS * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;
+  static constexpr int kMaskBytes = 8 * 256;       // 8 consumer warps × 256 bytes
+  static constexpr int kStatFloats = 2 * 2 * 128;  // 2 warpgroups × 2 buffers × 128
+  static constexpr int kSmem = 1024 + 4 * kResBytes + STAGES * kStageBytes + kMaskBytes +
+                               kStatFloats * 4 + (2 * STAGES + 4) * 8;
+
+  uint8_t* tiles;
+  uint8_t* mask;
+  float* stats;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* res_full;   // [2] a slot of resident tiles has landed
+  uint64_t* res_empty;  // [2] its unit is done with it (one arrival per consumer warp)
+
+  __device__ static Pipe carve(uint8_t* raw) {
+    Pipe p;
+    p.tiles = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
+    p.mask = p.tiles + 4 * kResBytes + STAGES * kStageBytes;
+    p.stats = reinterpret_cast<float*>(p.mask + kMaskBytes);
+    p.full = reinterpret_cast<uint64_t*>(p.stats + kStatFloats);
+    p.empty = p.full + STAGES;
+    p.res_full = p.empty + STAGES;
+    p.res_empty = p.res_full + 2;
+    return p;
+  }
+  // Resident tile i of slot `slot` (units alternate between two slots, so the producer
+  // loads the next unit's while the consumers finish this one).
+  __device__ uint8_t* resident(int slot, int i) const {
+    return tiles + (2 * slot + i) * kResBytes;
+  }
+  __device__ uint8_t* tile(int s, int i) const {
+    return tiles + 4 * kResBytes + s * kStageBytes + i * kTileBytes;
+  }
+  __device__ void init() const {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);
+    }
+    for (int slot = 0; slot < 2; ++slot) {
+      mbar_init(&res_full[slot], 1);
+      mbar_init(&res_empty[slot], 8);
+    }
+    fence_barrier_init();
+  }
+};
+
+// One tile load: a tensor map and the column of the head's slice in it.
+struct Load {
+  const CUtensorMap* map;
+  int col;
+};
+
+// The producer thread, one unit (the CTA's j-th): its resident tiles at row res_row into slot
+// j % 2 (r1.map may be null), then n streamed pairs at rows srow0, srow0 + SROWS, … of
+// sequence b into the ring, whose position (stage, phase) carries over between units.
+struct RingPos {
+  int stage = 0;
+  uint32_t phase = 0;
+};
+template <int SROWS, int STAGES>
+__device__ void produce(const Pipe<SROWS, STAGES>& p, RingPos& at, int j, Load r0, Load r1,
+                        int res_row, Load s0, Load s1, int srow0, int n, int b) {
+  using P = Pipe<SROWS, STAGES>;
+  const int slot = j & 1;
+  mbar_wait(&p.res_empty[slot], ((j >> 1) & 1) ^ 1);
+  mbar_arrive_expect_tx(&p.res_full[slot], (r1.map ? 2 : 1) * P::kResBytes);
+  tma_load_3d(p.resident(slot, 0), r0.map, &p.res_full[slot], r0.col, res_row, b);
+  if (r1.map) tma_load_3d(p.resident(slot, 1), r1.map, &p.res_full[slot], r1.col, res_row, b);
+  for (int i = 0; i < n; ++i) {
+    mbar_wait(&p.empty[at.stage], at.phase ^ 1);
+    mbar_arrive_expect_tx(&p.full[at.stage], P::kStageBytes);
+    const int row = srow0 + i * SROWS;
+    tma_load_3d(p.tile(at.stage, 0), s0.map, &p.full[at.stage], s0.col, row, b);
+    tma_load_3d(p.tile(at.stage, 1), s1.map, &p.full[at.stage], s1.col, row, b);
+    if (++at.stage == STAGES) at.stage = 0, at.phase ^= 1;
+  }
+}
+
+// The roles of a persistent kernel over its CTA's units (x, x + gridDim.x, …): thread 0 of
+// warpgroup 0 calls produce_unit(j, u) for the j-th; the consumer warpgroups call
+// consume_unit(j, u, base), which returns the unit's streamed tiles, base counting those
+// before it (the ring position). Each role is one branch, as setmaxnreg needs (HOPPER.md).
+template <class Produce, class Consume>
+__device__ __forceinline__ void run_units(const Units& units, const Produce& produce_unit,
+                                          const Consume& consume_unit) {
+  if (threadIdx.x < 128) {
+    regs_dealloc<24>();
+    if (threadIdx.x == 0) {
+      int j = 0;
+      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) produce_unit(j, u);
+    }
+  } else {
+    regs_alloc<240>();
+    int j = 0, base = 0;
+    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j)
+      base += consume_unit(j, u, base);
+  }
+}
+
+// Carves the CTA's shared memory; thread 0 prefetches the kernel's tensor maps and sets up
+// the barriers before any thread uses them.
+template <class P, class... Maps>
+__device__ __forceinline__ P begin_cta(const Maps*... maps) {
+  extern __shared__ uint8_t smem_raw[];
+  const P p = P::carve(smem_raw);
+  if (threadIdx.x == 0) {
+    (prefetch_tensor_map(maps), ...);
+    p.init();
+  }
+  __syncthreads();
+  return p;
+}
+
+// Keeps the compiler from reusing A-operand registers before the wgmmas reading them are done.
+template <int K>
+__device__ __forceinline__ void fence_operands(u32 (&a)[K][4]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[k][j])::"memory");
+}
+
+// An accumulator tile (N columns, wgmma layout: element 4n+e is row g + 8(e/2), column
+// 8n + 2(l%4) + e%2) as A fragments of N/16 k-steps.
+template <class T, int N>
+__device__ __forceinline__ void to_a(const float (&s)[N / 2], u32 (&a)[N / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+    a[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+    a[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+    a[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// Writes a warp's 16 rows × 64 columns (acc × mul) to rows r0 + g (+8) of a row-major
+// 16-bit matrix at g (row stride ld); rows ≥ t are skipped.
+template <class T>
+__device__ __forceinline__ void store_rows(const float (&acc)[32], float mul0, float mul1, T* g,
+                                           int64_t ld, int64_t r0, int64_t t, int lane) {
+  const int gr = lane >> 2, c = lane & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = r0 + gr + 8 * half;
+    if (row >= t) continue;
+    const float mul = half ? mul1 : mul0;
+    u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+      out[4 * n] = pack2<T>(acc[4 * n + 2 * half] * mul, acc[4 * n + 2 * half + 1] * mul);
+  }
+}
+
+// S (64×N) = A·Bᵀ over the head, A and B K-major tiles at descriptors da, db.
+template <int N, class T>
+__device__ __forceinline__ void mma_scores(float (&s)[N / 2], uint64_t da, uint64_t db) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    Wgmma<N, T>::template mma<0, 0>(s, da + 2 * kk, db + 2 * kk, kk);
+}
+// acc (64×64) += A·B, A as K/16 register fragments, B a K-row tile read N-major at db.
+template <int K, class T>
+__device__ __forceinline__ void mma_rows(float (&acc)[32], const u32 (&a)[K / 16][4], uint64_t db) {
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk)
+    WgmmaRegA<64, T>::template mma<1>(acc, a[kk], db + (kk * 16 * kRowBytes >> 4), 1);
+}
+
+struct Geometry {
+  int64_t t;
+  int heads;
+  float scale;
+};
+
+
+// Stage and phase of streamed tile k in the ring.
+template <int STAGES>
+struct Slot {
+  int stage;
+  uint32_t phase;
+  __device__ explicit Slot(int k)
+      : stage(k % STAGES), phase(static_cast<uint32_t>(k / STAGES) & 1) {}
+};
+
+// ---------------------------------------------------------------------------------------
+// Host side.
+
+// The [B, T, cols] activations as 3-D TMA maps with boxes of `rows` rows × 64 columns.
+CUtensorMap rows_map(const Tensor& x, int rows, const char* op) {
+  const uint64_t cols = static_cast<uint64_t>(x.size(2)), t = static_cast<uint64_t>(x.size(1));
+  return tensor_map_3d(x.data_ptr(), x.dtype(), {cols, t, static_cast<uint64_t>(x.size(0))},
+                       {cols, cols * t}, rows, op);
+}
+
+// Raises a kernel's dynamic shared-memory limit once per (kernel, device).
+void allow_smem(const void* kernel, int bytes) {
+  static std::map<std::pair<const void*, int>, bool> done;
+  int dev = 0;
+  FFN_CHECK_CUDA(cudaGetDevice(&dev));
+  bool& d = done[{kernel, dev}];
+  if (!d) {
+    FFN_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    d = true;
+  }
+}
+
+// f.template operator()<T, DROP>() for the dtype and whether dropout is on (the kernels
+// without it carry no mask code).
+template <class F>
+void with_half_drop(DType dt, bool drop, const F& f) {
+  auto by_drop = [&]<class T>() {
+    if (drop)
+      f.template operator()<T, true>();
+    else
+      f.template operator()<T, false>();
+  };
+  if (dt == DType::bf16)
+    by_drop.template operator()<__nv_bfloat16>();
+  else
+    by_drop.template operator()<__half>();
+}
+
+// One CTA per SM (each takes one: 384 threads, the consumers at 240 registers), none idle.
+unsigned persistent_grid(const Units& u, int dev) {
+  const int64_t sms = properties(dev).multiProcessorCount;
+  return static_cast<unsigned>(std::min<int64_t>(u.bh_count * u.blocks, sms));
+}
+
+bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+}  // namespace
+}  // namespace attn90
+}  // namespace ffn::cuda
