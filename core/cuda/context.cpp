@@ -4,8 +4,10 @@
 
 #include <cublasLt.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -60,6 +62,21 @@ size_t workspace_bytes() {
 }
 const cudaDeviceProp& properties(int device) {
   return get(device).props;
+}
+
+void allow_dynamic_smem(const void* kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, size_t> allowed;
+  int dev = 0;
+  FFN_CHECK_CUDA(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = allowed[{kernel, dev}];
+  if (bytes > have) {
+    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+    have = bytes;
+  }
 }
 
 void synchronize(int device) {

@@ -27,6 +27,10 @@ void* workspace(int device);
 size_t workspace_bytes();
 const cudaDeviceProp& properties(int device);
 void synchronize(int device);
+// Lets `kernel` launch on the current device with `bytes` of dynamic shared memory (the
+// opt-in above 48 KiB); raised once per kernel and device, never lowered. Kernels that
+// share a signature share a function type, so the record is keyed by address.
+void allow_dynamic_smem(const void* kernel, size_t bytes);
 
 // Makes `device` current for the scope; restores the previous one after.
 class DeviceGuard {

@@ -518,22 +518,6 @@ void with_half(DType dt, const F& f) {
   f.template operator()<f16>();
 }
 
-// Shared-memory opt-in for one kernel on the current device (raised only when needed; the
-// kernels of one signature share a function type, so the record is keyed by address). Not
-// thread-safe: one host thread drives a device (Note [One compute stream]).
-void allow_smem(const void* kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  static std::map<std::pair<const void*, int>, size_t> allowed;
-  int dev = 0;
-  FFN_CHECK_CUDA(cudaGetDevice(&dev));
-  size_t& have = allowed[{kernel, dev}];
-  if (bytes > have) {
-    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(bytes)));
-    have = bytes;
-  }
-}
-
 // The current device's shared memory per block (with opt-in); read once per device (the
 // layer asks at every forward).
 size_t smem_per_block() {
@@ -630,7 +614,7 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
     using T = device_t<H>;
     with_head_dim(hd, [&]<int D>() {
       const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + kTile - 1) / kTile));
-      allow_smem(reinterpret_cast<const void*>(attn_fwd_kernel<T, D>), fwd_smem<D>());
+      allow_dynamic_smem(reinterpret_cast<const void*>(attn_fwd_kernel<T, D>), fwd_smem<D>());
       attn_fwd_kernel<T, D><<<grid, kWarps * 32, fwd_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(y), lse.data<float>(), t, static_cast<int>(heads),
           static_cast<float>(scale), mask);
@@ -655,12 +639,12 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
     using T = device_t<H>;
     with_head_dim(hd, [&]<int D>() {
       const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + kTile - 1) / kTile));
-      allow_smem(reinterpret_cast<const void*>(attn_bwd_dq_kernel<T, D>), dq_smem<D>());
+      allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dq_kernel<T, D>), dq_smem<D>());
       attn_bwd_dq_kernel<T, D><<<grid, kWarps * 32, dq_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(y), dptr<T>(dy), lse.data<float>(), dsum.data<float>(),
           dptr<T>(dqkv), t, static_cast<int>(heads), static_cast<float>(scale), mask);
       FFN_CHECK_LAUNCH();
-      allow_smem(reinterpret_cast<const void*>(attn_bwd_dkv_kernel<T, D>), dkv_smem<D>());
+      allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dkv_kernel<T, D>), dkv_smem<D>());
       attn_bwd_dkv_kernel<T, D><<<grid, kWarps * 32, dkv_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(dy), lse.data<float>(), dsum.data<float>(), dptr<T>(dqkv), t,
           static_cast<int>(heads), static_cast<float>(scale), mask);

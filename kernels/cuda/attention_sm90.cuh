@@ -46,7 +46,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "core/cuda/check.h"
@@ -292,19 +291,6 @@ CUtensorMap rows_map(const Tensor& x, int rows, const char* op) {
   const uint64_t cols = static_cast<uint64_t>(x.size(2)), t = static_cast<uint64_t>(x.size(1));
   return tensor_map_3d(x.data_ptr(), x.dtype(), {cols, t, static_cast<uint64_t>(x.size(0))},
                        {cols, cols * t}, rows, op);
-}
-
-// Raises a kernel's dynamic shared-memory limit once per (kernel, device).
-void allow_smem(const void* kernel, int bytes) {
-  static std::map<std::pair<const void*, int>, bool> done;
-  int dev = 0;
-  FFN_CHECK_CUDA(cudaGetDevice(&dev));
-  bool& d = done[{kernel, dev}];
-  if (!d) {
-    FFN_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-    d = true;
-  }
 }
 
 // f.template operator()<T, DROP>() for the dtype and whether dropout is on (the kernels

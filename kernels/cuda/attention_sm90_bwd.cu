@@ -363,12 +363,12 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const Units units{b * heads, static_cast<int>((t + 127) / 128)};
   const unsigned grid = persistent_grid(units, dev);
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
-    allow_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP>), BwdPipe::kSmem);
+    allow_dynamic_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP>), BwdPipe::kSmem);
     dq_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy128, static_cast<const T*>(y.data_ptr()), static_cast<const T*>(dy.data_ptr()),
         lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, units, mask);
     FFN_CHECK_LAUNCH();
-    allow_smem(reinterpret_cast<const void*>(dkv_kernel<T, DROP>), BwdPipe::kSmem);
+    allow_dynamic_smem(reinterpret_cast<const void*>(dkv_kernel<T, DROP>), BwdPipe::kSmem);
     dkv_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()),
         g, units, mask);

@@ -200,7 +200,7 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
   const Units units{b * heads, static_cast<int>((t + 127) / 128)};
   const unsigned grid = persistent_grid(units, dev);
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
-    allow_smem(reinterpret_cast<const void*>(fwd_kernel<T, DROP>), FwdPipe::kSmem);
+    allow_dynamic_smem(reinterpret_cast<const void*>(fwd_kernel<T, DROP>), FwdPipe::kSmem);
     fwd_kernel<T, DROP><<<grid, kThreads, FwdPipe::kSmem, stream(dev)>>>(
         m128, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, units, DeviceMask::from(d));
     FFN_CHECK_LAUNCH();
