@@ -24,8 +24,15 @@ void validate(const Tensor& a, const Tensor& b, const Tensor& c, const GemmArgs&
   check_same_device(a, b, "gemm", "a", "b");
   check_same_device(a, c, "gemm", "a", "c");
   check_same_dtype(a, b, "gemm", "a", "b");
-  check_same_dtype(a, c, "gemm", "a", "c");
   FFN_CHECK(is_float(c.dtype()), "[gemm] needs a float dtype, got ", dtype_name(c.dtype()));
+  const bool f32_out = c.dtype() == DType::f32 && is_half(a.dtype());
+  if (f32_out) {
+    FFN_CHECK(c.is_cuda() && !args.bias.defined() && args.epilogue == GemmEpilogue::none,
+              "[gemm] an f32 c for ", dtype_name(a.dtype()),
+              " a and b needs the GPU, no bias and no epilogue");
+  } else {
+    check_same_dtype(a, c, "gemm", "a", "c");
+  }
   const int64_t m = args.trans_a ? a.size(1) : a.size(0);
   const int64_t k = args.trans_a ? a.size(0) : a.size(1);
   const int64_t kb = args.trans_b ? b.size(1) : b.size(0);

@@ -5,6 +5,9 @@
 // row-major; a and b may be any (contiguous) views, c must be contiguous. c is
 // overwritten when beta = 0 and accumulated into (+=) otherwise.
 // CPU: Eigen, f64/f32. CUDA: cuBLASLt, f32/bf16/f16 with fp32 accumulation.
+// a and b share one dtype; c has it too, except that on the GPU c may be f32 for bf16/f16
+// a and b (no bias, no epilogue): the product then lands, and accumulates with beta = 1, in
+// fp32 storage (the fused classifier sums its weight gradient over chunks this way).
 //
 // Epilogues (cuBLASLt's, with the same math in the CPU reference), with
 // p = alpha · op(a) · op(b):

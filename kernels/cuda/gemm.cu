@@ -40,10 +40,13 @@ struct Key {
   int64_t m, n, k;
   bool ta, tb;
   int epi;  // cublasLtEpilogue_t
-  DType dtype;
+  DType dtype;  // c's
+  DType in;     // a's and b's (c's, or bf16/f16 under an f32 c)
   int align;  // min alignment (bytes, up to 16) of the pointers
   bool tuned;  // planned with autotuning on (a program may switch it; benchmarks time both)
-  auto tie() const { return std::tie(device, batch, m, n, k, ta, tb, epi, dtype, align, tuned); }
+  auto tie() const {
+    return std::tie(device, batch, m, n, k, ta, tb, epi, dtype, in, align, tuned);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -159,8 +162,9 @@ Plan make_plan(const Key& key, const Call& call) {
   // Column-major shapes of the row-major buffers: B is [k, n] (or [n, k] when tb).
   const uint64_t b_rows = key.tb ? key.k : key.n, b_cols = key.tb ? key.n : key.k;
   const uint64_t a_rows = key.ta ? key.m : key.k, a_cols = key.ta ? key.k : key.m;
-  FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, dt, b_rows, b_cols, b_rows));
-  FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, dt, a_rows, a_cols, a_rows));
+  const cudaDataType_t in = cuda_type(key.in);
+  FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.a, in, b_rows, b_cols, b_rows));
+  FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.b, in, a_rows, a_cols, a_rows));
   FFN_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&p.c, dt, key.n, key.m, key.n));
   if (key.batch > 1) {  // contiguous [batch, rows, cols] buffers
     const int32_t count = static_cast<int32_t>(key.batch);
@@ -198,8 +202,9 @@ Plan make_plan(const Key& key, const Call& call) {
       cublaslt(key.device), p.op, p.a, p.b, p.c, p.c, pref, kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   FFN_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, "[gemm] cuBLASLt has no algorithm for ",
-            dtype_name(key.dtype), " m=", key.m, " n=", key.n, " k=", key.k, (key.ta ? " Aᵀ" : ""),
-            (key.tb ? " Bᵀ" : ""), " (alignment ", key.align,
+            dtype_name(key.in), (key.in != key.dtype ? " → " : ""),
+            (key.in != key.dtype ? dtype_name(key.dtype) : ""), " m=", key.m, " n=", key.n,
+            " k=", key.k, (key.ta ? " Aᵀ" : ""), (key.tb ? " Bᵀ" : ""), " (alignment ", key.align,
             " bytes): ", cublasGetStatusString(st));
   p.algo = results[0].algo;
   const double volume = static_cast<double>(key.batch) * key.m * key.n * key.k;
@@ -256,6 +261,7 @@ void gemm_impl(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args
                 args.trans_b,
                 static_cast<int>(epi),
                 c.dtype(),
+                a.dtype(),
                 alignment_of({call.a, call.b, c.data_ptr(), call.vec, call.aux}),
                 tuning_enabled()};
   Plan plan;
