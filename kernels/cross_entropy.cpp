@@ -66,4 +66,51 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   cpu::cross_entropy_backward(lc, targets, lse, d_loss, d_logits, classes);
 }
 
+void cross_entropy_rows(Tensor& logits, const Tensor& targets, Tensor& row_loss, bool check_targets,
+                        int64_t classes, std::optional<double> grad_scale) {
+  const char* op = "cross_entropy_rows";
+  classes = check_common(logits, targets, op, check_targets, classes);
+  check_acc(row_loss, logits, {logits.size(0)}, op, "row_loss");
+  FFN_CHECK(logits.is_contiguous(), "[", op, "] logits must be contiguous (written in place)");
+  FFN_CHECK(!grad_scale || std::isfinite(*grad_scale), "[", op, "] grad_scale must be finite, got ",
+            *grad_scale);
+  if (logits.size(0) == 0) return;
+  if (logits.is_cuda())
+    return cuda::cross_entropy_rows(logits, targets, row_loss, classes, grad_scale);
+  cpu::cross_entropy_rows(logits, targets, row_loss, classes, grad_scale);
+}
+
+void mean_rows(const Tensor& row_loss, Tensor& loss) {
+  check_defined(row_loss, "mean_rows", "row_loss");
+  check_dim(row_loss, 1, "mean_rows", "row_loss");
+  FFN_CHECK(row_loss.size(0) > 0, "[mean_rows] the mean over 0 rows is undefined");
+  FFN_CHECK(row_loss.is_contiguous(), "[mean_rows] row_loss must be contiguous");
+  check_defined(loss, "mean_rows", "loss");
+  check_shape(loss, {}, "mean_rows", "loss");
+  check_same_dtype(loss, row_loss, "mean_rows", "loss", "row_loss");
+  check_same_device(loss, row_loss, "mean_rows", "loss", "row_loss");
+  if (loss.is_cuda()) return cuda::mean_rows(row_loss, loss);
+  cpu::mean_rows(row_loss, loss);
+}
+
+void scale_by(const Tensor& x, const Tensor& s, Tensor& y) {
+  check_defined(x, "scale_by", "x");
+  check_defined(s, "scale_by", "s");
+  check_defined(y, "scale_by", "y");
+  FFN_CHECK(is_float(y.dtype()), "[scale_by] y must be a float tensor, got ",
+            dtype_name(y.dtype()));
+  FFN_CHECK(x.dtype() == y.dtype() || x.dtype() == acc_dtype(y.dtype()), "[scale_by] x is ",
+            dtype_name(x.dtype()), " but y is ", dtype_name(y.dtype()), " (x must be y's dtype or ",
+            dtype_name(acc_dtype(y.dtype())), ")");
+  FFN_CHECK(s.numel() == 1 && s.dtype() == acc_dtype(y.dtype()), "[scale_by] s must be one ",
+            dtype_name(acc_dtype(y.dtype())), " value, got ", s.desc());
+  check_shape(y, x.shape(), "scale_by", "y");
+  FFN_CHECK(x.is_contiguous() && y.is_contiguous(), "[scale_by] x and y must be contiguous");
+  check_same_device(x, y, "scale_by", "x", "y");
+  check_same_device(s, y, "scale_by", "s", "y");
+  if (y.numel() == 0) return;
+  if (y.is_cuda()) return cuda::scale_by(x, s, y);
+  cpu::scale_by(x, s, y);
+}
+
 }  // namespace ffn

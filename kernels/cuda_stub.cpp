@@ -85,6 +85,15 @@ void cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const T
                             int64_t) {
   no_cuda("cross_entropy_backward");
 }
+void cross_entropy_rows(Tensor&, const Tensor&, Tensor&, int64_t, std::optional<double>) {
+  no_cuda("cross_entropy_rows");
+}
+void mean_rows(const Tensor&, Tensor&) {
+  no_cuda("mean_rows");
+}
+void scale_by(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("scale_by");
+}
 
 void dropout_add(const Tensor&, const Tensor&, const DropoutSpec&, Tensor&) {
   no_cuda("dropout_add");

@@ -2,13 +2,14 @@
 #include "layers/functional.h"
 
 #include "kernels/bias_act_dropout.h"
+#include "kernels/checks.h"
 #include "kernels/cross_entropy.h"
-#include "kernels/rope.h"
 #include "kernels/dropout_add.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/layer_norm.h"
 #include "kernels/mse_loss.h"
+#include "kernels/rope.h"
 
 namespace ffn::fn {
 
@@ -283,6 +284,33 @@ class CrossEntropyNode final : public Node {
   int64_t classes_;
 };
 
+// Holds the gradients the forward already made for d_loss = 1 (Note [Fused classifier]).
+class LinearCrossEntropyNode final : public Node {
+ public:
+  LinearCrossEntropyNode(Tensor dx, Tensor dw) : dx_(std::move(dx)), dw_(std::move(dw)) {}
+  const char* name() const override { return "linear_cross_entropy"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    std::vector<Tensor> g(2);
+    if (dx_.defined()) {
+      scale_by(dx_, d_out, dx_);
+      g[0] = dx_.reshape(inputs[0].shape());
+    }
+    if (dw_.defined()) {
+      const Tensor& w = inputs[1].value();
+      g[1] = Tensor::empty(w.shape(), w.dtype(), w.device());
+      scale_by(dw_, d_out, g[1]);
+    }
+    return g;
+  }
+  void release() override { dx_ = dw_ = Tensor(); }
+  size_t saved_bytes() const override {
+    return (dx_.defined() ? dx_.nbytes() : 0) + (dw_.defined() ? dw_.nbytes() : 0);
+  }
+
+ private:
+  Tensor dx_, dw_;
+};
+
 Tensor value_or_empty(const Var& v) {
   return v.defined() ? v.value() : Tensor();
 }
@@ -450,6 +478,58 @@ Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets, 
   ffn::cross_entropy(l2, t, loss, lse, check_targets, classes);
   return make_output(loss, std::make_shared<CrossEntropyNode>(t, std::move(lse), classes),
                      {logits});
+}
+
+Var linear_cross_entropy(const Var& x, const Var& w, const Tensor& targets, bool check_targets,
+                         int64_t classes, int64_t chunk_rows) {
+  const char* op = "linear_cross_entropy";
+  const Tensor& xv = x.value();
+  const Tensor& wv = w.value();
+  check_dim(wv, 2, op, "weight");
+  FFN_CHECK(xv.dim() >= 1 && xv.size(-1) == wv.size(1), "[", op,
+            "] x.shape[-1]=", xv.dim() ? xv.size(-1) : 0,
+            " != the weight's in_features=", wv.size(1), " (x.shape=", shape_str(xv.shape()),
+            ", weight.shape=", shape_str(wv.shape()), ")");
+  check_same_dtype(xv, wv, op, "x", "weight");
+  check_same_device(xv, wv, op, "x", "weight");
+  const Tensor x2 = xv.view_2d().contiguous();
+  const int64_t n = x2.size(0), v = wv.size(0);
+  FFN_CHECK(n > 0, "[", op, "] the mean over 0 rows is undefined");
+  check_defined(targets, op, "targets");
+  FFN_CHECK(targets.numel() == n, "[", op, "] targets.shape=", shape_str(targets.shape()),
+            " does not match x.shape=", shape_str(xv.shape()), " (one target per row)");
+  FFN_CHECK(chunk_rows >= 0, "[", op, "] chunk_rows must be >= 0 (0: all rows), got ", chunk_rows);
+  FFN_CHECK(classes >= 0 && classes <= v, "[", op, "] classes=", classes, " must be in [0, ", v,
+            "] (the weight's rows; 0: all)");
+  const Tensor t = targets.contiguous().reshape({n});
+  // Checked once for all rows (on the GPU, one sync); the chunks skip it.
+  detail::check_indices(t, classes > 0 ? classes : v, op, "targets", check_targets);
+  const DType ad = acc_dtype(xv.dtype());
+  const bool grad = grad_enabled() && (x.requires_grad() || w.requires_grad());
+  Tensor row_loss = Tensor::empty({n}, ad, xv.device());
+  Tensor dx =
+      grad && x.requires_grad() ? Tensor::empty(x2.shape(), xv.dtype(), xv.device()) : Tensor();
+  Tensor dw = grad && w.requires_grad() ? Tensor::empty(wv.shape(), ad, wv.device()) : Tensor();
+  const int64_t rows = chunk_rows > 0 ? std::min(chunk_rows, n) : n;
+  const Tensor buf = Tensor::empty({rows, v}, xv.dtype(), xv.device());
+  for (int64_t r0 = 0; r0 < n; r0 += rows) {
+    const int64_t r1 = std::min(n, r0 + rows);
+    const Tensor xc = x2.slice_rows(r0, r1);
+    Tensor logits = buf.slice_rows(0, r1 - r0);
+    gemm(xc, wv, logits, {.trans_b = true});
+    Tensor rl = row_loss.slice_rows(r0, r1);
+    cross_entropy_rows(logits, t.slice_rows(r0, r1), rl, /*check_targets=*/false, classes,
+                       grad ? std::optional<double>(1.0 / static_cast<double>(n)) : std::nullopt);
+    if (dx.defined()) {
+      Tensor dxc = dx.slice_rows(r0, r1);
+      gemm(logits, wv, dxc);
+    }
+    if (dw.defined()) gemm(logits, xc, dw, {.trans_a = true, .beta = r0 > 0 ? 1.0 : 0.0});
+  }
+  Tensor loss = Tensor::empty({}, ad, xv.device());
+  mean_rows(row_loss, loss);
+  return make_output(loss, std::make_shared<LinearCrossEntropyNode>(std::move(dx), std::move(dw)),
+                     {x, w});
 }
 
 }  // namespace ffn::fn

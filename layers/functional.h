@@ -45,6 +45,31 @@ Var rms_norm(const Var& x, const Var& w, double eps = 1e-6);
 // `classes` columns are classes, the rest padding; Note [Padded vocabulary]).
 Var cross_entropy(const Var& logits, const Tensor& targets, bool check_targets = true,
                   int64_t classes = 0);
+// cross_entropy(linear(x, w, {}), targets, check_targets, classes) without the logits
+// (Note [Fused classifier]): x [..., d], w [V, d] (the LM head), targets [...]; rows go
+// through chunk_rows at a time (0: all at once).
+Var linear_cross_entropy(const Var& x, const Var& w, const Tensor& targets,
+                         bool check_targets = true, int64_t classes = 0, int64_t chunk_rows = 0);
+
+// Note [Fused classifier]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// GPT-2's logits are [B·T, 50304]: 1.6 GB in bf16 at B·T = 16384, and the unfused loss keeps
+// them for backward and then writes a second buffer of the same size for their gradient.
+// linear_cross_entropy instead takes the rows a chunk at a time, in the forward:
+//   1. logits = x_c · wᵀ into one reused [chunk, V] buffer;
+//   2. cross_entropy_rows: the chunk's row losses, and the logits overwritten in place by
+//      their gradient for d_loss = 1, (softmax - onehot)/N (kernels/cross_entropy.h);
+//   3. dx_c = dlogits · w, and dw (+)= dlogitsᵀ · x_c summed over the chunks in fp32 (an f32
+//      GEMM output for 16-bit inputs);
+// and backward only scales dx and dw by the d_loss it is given (scale_by, read on the device).
+// So no [N, V] tensor exists beyond one chunk, the loss reads the logits once instead of
+// twice, and the autograd graph keeps dx [N, d] and dw [V, d] (fp32) instead of the logits.
+// The forward does the gradient work only when grad mode is on and x or w needs a gradient;
+// otherwise it is the loss alone. Chunks trade memory for speed: each one re-reads and
+// re-writes the fp32 dw (155 MB for GPT-2), and smaller GEMMs fill the GPU less
+// (bench/RESULTS.md, session 11, measures it). The result equals the unfused pair up to
+// rounding: the dw sum over chunks is in fp32, the row order of the loss mean is the same.
+
 // Rotary position embeddings on the q and k heads of qkv [B, T, (heads + 2·kv_heads)·D]
 // (kernels/rope.h); the gradient rotates back.
 Var rope(const Var& qkv, int64_t heads, int64_t kv_heads, double base);

@@ -254,8 +254,21 @@ Var GPT::loss(const Tensor& ids, const Tensor& targets, bool ids_in_range) {
   FFN_CHECK(targets.shape() == ids.shape(), "[gpt] targets.shape=", shape_str(targets.shape()),
             " != ids.shape=", shape_str(ids.shape()));
   // The padded logits go to the loss as they are; it leaves the padding columns out.
-  const Var logits = fn::linear(hidden(ids, ids_in_range), head_weight(), Var());
-  return fn::cross_entropy(logits, targets, !ids_in_range, cfg_.vocab_size);
+  const Var h = hidden(ids, ids_in_range);
+  if (!cfg_.fused_classifier)
+    return fn::cross_entropy(fn::linear(h, head_weight(), Var()), targets, !ids_in_range,
+                             cfg_.vocab_size);
+  return fn::linear_cross_entropy(h, head_weight(), targets, !ids_in_range, cfg_.vocab_size,
+                                  classifier_chunk(targets.numel()));
+}
+
+int64_t GPT::classifier_chunk(int64_t rows) const {
+  if (cfg_.classifier_chunk > 0) return cfg_.classifier_chunk;
+  const int64_t row_bytes =
+      cfg_.padded_vocab() * static_cast<int64_t>(dtype_size(cfg_.place.dtype));
+  const int64_t chunks =
+      std::max<int64_t>(1, (rows * row_bytes + kClassifierChunkBytes - 1) / kClassifierChunkBytes);
+  return (rows + chunks - 1) / chunks;
 }
 
 int64_t GPT::stored_parameters() const {

@@ -139,6 +139,11 @@ struct GptConfig {
   // Attention as the fused flash-style kernels on the GPU where they apply (bf16/f16, head
   // size 32/64/128); false always uses batched GEMMs + causal softmax (fn::causal_attention).
   bool fused_attention = true;
+  // The loss through fn::linear_cross_entropy (Note [Fused classifier]), its logits made
+  // classifier_chunk rows at a time (0: chunks of at most kClassifierChunkBytes of logits);
+  // false: the LM-head GEMM and fn::cross_entropy on the whole [B·T, V] logits.
+  bool fused_classifier = true;
+  int64_t classifier_chunk = 0;
   ParamInit place;
 };
 
@@ -186,6 +191,10 @@ class GPT : public Module {
   // ids_in_range: the caller guarantees every id and target is < vocab_size, so the GPU
   // range checks (one device sync each) are skipped; the trainer's batches are.
   Var loss(const Tensor& ids, const Tensor& targets, bool ids_in_range = false);
+  // Rows per chunk of the fused classifier for a batch of `rows` tokens: classifier_chunk,
+  // or equal chunks of at most kClassifierChunkBytes of logits.
+  static constexpr int64_t kClassifierChunkBytes = int64_t{512} << 20;
+  int64_t classifier_chunk(int64_t rows) const;
   // FLOPs of one training step's forward+backward per token (PaLM's 6N + 12·L·T·C), N
   // without the vocabulary padding.
   double flops_per_token(int64_t t) const;

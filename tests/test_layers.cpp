@@ -457,6 +457,44 @@ TEST_CASE("GPT with a padded vocabulary: same init, loss, gradients and logits a
   CHECK(stored.back().second.shape() == Shape{16, 4});  // another name
 }
 
+TEST_CASE("GPT loss: the fused classifier in any chunking equals the unfused one") {
+  const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);
+  const Tensor y = token_ids({4, 10, 0, 3, 3, 7, 2, 9, 5, 1}, 2, 5);
+  GptConfig base = tiny_gpt(FfnKind::gelu, 0.1f);
+  base.vocab_pad_to = 8;
+  base.fused_classifier = false;
+  auto run = [&](const GptConfig& c) {
+    Generator init(3);
+    GPT model(c, std::make_shared<Generator>(9), init);
+    Var l = model.loss(x, y);
+    l.backward(Tensor::full({}, 0.7, DType::f64));
+    std::vector<Tensor> out{l.value().reshape({1})};
+    for (auto& [n, v] : model.named_parameters()) out.push_back(v.grad());
+    return out;
+  };
+  const auto ref = run(base);
+  for (int64_t chunk : {0, 1, 3, 10}) {
+    CAPTURE(chunk);
+    GptConfig c = base;
+    c.fused_classifier = true;
+    c.classifier_chunk = chunk;
+    const auto got = run(c);
+    REQUIRE(got.size() == ref.size());
+    CHECK(got[0].item() == doctest::Approx(ref[0].item()).epsilon(1e-13));
+    for (size_t i = 1; i < got.size(); ++i) CHECK(ffn::test::max_abs_diff(got[i], ref[i]) < 1e-13);
+  }
+  // Automatic chunks: at most kClassifierChunkBytes of logits each, equal sizes.
+  GptConfig g2 = tiny_gpt(FfnKind::gelu, 0.0f);
+  g2.vocab_size = 50257;
+  g2.vocab_pad_to = 128;
+  Generator init(1);
+  const GPT big(g2, std::make_shared<Generator>(1), init);
+  // 16384 rows of 50304 f64 logits are 12.3 × 512 MiB: 13 chunks of ⌈16384/13⌉ rows.
+  static_assert(GPT::kClassifierChunkBytes == int64_t{512} << 20);
+  CHECK(big.classifier_chunk(16384) == 1261);
+  CHECK(big.classifier_chunk(10) == 10);
+}
+
 TEST_CASE("GPT with a padded vocabulary passes finite-difference checks") {
   const Tensor x = token_ids({1, 4, 10, 0, 3, 3}, 2, 3);
   const Tensor y = token_ids({4, 10, 0, 3, 3, 7}, 2, 3);

@@ -59,6 +59,8 @@ struct RuntimeSection {
   bool gemm_autotune = false;  // time cuBLASLt candidates (faster; resume no longer bit-exact)
   bool fp32_residual = true;   // bf16/fp16 runs: residual stream in fp32 (as PyTorch autocast)
   bool fused_attention = true;  // GPU bf16/fp16: flash-style attention kernels where they apply
+  bool fused_classifier = true;  // the loss without the [B·T, V] logits (Note [Fused classifier])
+  int64_t classifier_chunk = 0;  // its rows per chunk; 0: automatic (GPT::classifier_chunk)
 };
 
 struct DataSection {

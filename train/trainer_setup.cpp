@@ -99,6 +99,8 @@ GptConfig gpt_config(const Config& c, int64_t vocab, Device dev, DType dt) {
   g.tie_embeddings = c.model.tie_embeddings;
   g.fp32_residual = c.runtime.fp32_residual;
   g.fused_attention = c.runtime.fused_attention;
+  g.fused_classifier = c.runtime.fused_classifier;
+  g.classifier_chunk = c.runtime.classifier_chunk;
   g.place = ParamInit{dt, dev};
   return g;
 }

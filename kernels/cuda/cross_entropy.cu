@@ -7,6 +7,17 @@
 // writes (softmax - onehot)·d_loss/N, reading d_loss from device memory. Rows whose length
 // and start allow it move in 16-byte vectors (8 bf16/f16 or 4 f32 values). Neither pass
 // stores probabilities. Columns from `classes` on are padding (Note [Padded vocabulary]).
+//
+// cross_entropy_rows (the fused classifier's forward-and-backward): one block of up to 512
+// threads per row copies the row into shared memory (cp.async, 16 bytes at a time; GPT-2's
+// padded row is 100.6 KB, so two blocks share an SM and one copies while the other
+// computes), then takes the max, the sum of exponentials and, with a gradient, writes
+// (softmax - onehot)·scale back over the row: one read and one write of the row in all,
+// where cross_entropy + cross_entropy_backward read it twice and write a second buffer. For
+// bf16/f16 the exponentials are ex2.approx of one FFMA (relative error ~2^-22, far below
+// the 16-bit gradient's rounding); f32/f64 keep exp. Rows too wide for shared memory are
+// read from global memory three times instead.
+#include <algorithm>
 #include <cfloat>
 
 #include "core/cuda/check.h"
@@ -152,7 +163,197 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- cross_entropy_rows, mean_rows, scale_by -------------------------------------------
+
+// Threads per row: one per 16-byte vector (or value) up to 512, in whole warps, so that
+// narrow rows (a character vocabulary) do not leave most of a block idle.
+constexpr int kMaxRowThreads = 512;
+
+// block_reduce for any whole number of warps.
+template <bool kMax, class A>
+__device__ A block_reduce_any(A v, A* smem) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const A other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? max(v, other) : v + other;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // smem may still be read by a previous reduction
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  A r = smem[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
+    r = kMax ? max(r, smem[w]) : r + smem[w];
+  return r;
+}
+
+// e^(x·k - b) with k = log2(e) and b = m·log2(e) for 16-bit inputs (one FFMA and MUFU.EX2),
+// e^(x - m) otherwise.
+template <class T, class A>
+struct Exp {
+  static constexpr bool kFast = sizeof(T) == 2;
+  A m, b;
+  __device__ explicit Exp(A m_) : m(m_), b(static_cast<A>(m_ * A(1.4426950408889634))) {}
+  __device__ __forceinline__ A operator()(A x) const {
+    if constexpr (kFast) {
+      float y;
+      asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(fmaf(x, 1.4426950408889634f, -b)));
+      return y;
+    } else {
+      return exp(x - m);
+    }
+  }
+};
+
+// f(j, x) over the row's columns [0, end) in the order each thread owns them (16-byte
+// vectors of W values when VEC).
+template <class T, bool VEC, class F>
+__device__ __forceinline__ void for_row(const T* row, int64_t end, F&& f) {
+  if constexpr (VEC) {
+    constexpr int W = kVec<T>;
+    for (int64_t j = threadIdx.x * int64_t{W}; j < end; j += int64_t{blockDim.x} * W) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(row + j);
+      const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int e = 0; e < W; ++e)
+        if (j + e < end) f(j + e, x[e]);
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < end; j += blockDim.x) f(j, row[j]);
+  }
+}
+
+template <class T, class A, bool VEC, bool STAGED, bool GRAD>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    xent_rows_kernel(T* logits, const int32_t* targets, A* row_loss, int64_t v, int64_t c,
+                     A scale) {
+  extern __shared__ uint4 staged[];
+  __shared__ A red[kMaxRowThreads / 32];
+  const int64_t i = blockIdx.x;
+  T* grow = logits + i * v;
+  const T* row = grow;
+  if constexpr (STAGED) {
+    T* s = reinterpret_cast<T*>(staged);
+    if constexpr (VEC) {
+      constexpr int W = kVec<T>;
+      for (int64_t j = threadIdx.x; j < v / W; j += blockDim.x) {
+        const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(s + j * W));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(grow + j * W)
+                     : "memory");
+      }
+      asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    } else {
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s[j] = grow[j];
+    }
+    __syncthreads();
+    row = s;
+  }
+  A m = -INFINITY;  // (fmax drops NaN here; the sum below brings it back)
+  for_row<T, VEC>(row, c, [&](int64_t, T x) { m = max(m, static_cast<A>(to_acc(x))); });
+  m = block_reduce_any<true>(m, red);
+  const Exp<T, A> e(m);
+  A sum = 0;
+  for_row<T, VEC>(row, c, [&](int64_t, T x) { sum += e(static_cast<A>(to_acc(x))); });
+  const int64_t t = targets[i];
+  // Read before the barrier in the reduction: past it, the row in global memory is written.
+  const A xt = threadIdx.x == 0 ? static_cast<A>(to_acc(row[t])) : A(0);
+  sum = block_reduce_any<false>(sum, red);
+  const A lse = m + log(sum);
+  if (threadIdx.x == 0) row_loss[i] = lse - xt;
+  if constexpr (GRAD) {
+    const Exp<T, A> p(lse);
+    auto grad = [&](int64_t j, T x) {
+      const A q = j < c ? p(static_cast<A>(to_acc(x))) : A(0);
+      return from_acc<T>((q - (j == t ? A(1) : A(0))) * scale);
+    };
+    if constexpr (VEC) {
+      constexpr int W = kVec<T>;
+      for (int64_t j = threadIdx.x * int64_t{W}; j < v; j += int64_t{blockDim.x} * W) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(row + j);
+        const T* x = reinterpret_cast<const T*>(&raw);
+        uint4 res;
+        T* o = reinterpret_cast<T*>(&res);
+#pragma unroll
+        for (int k = 0; k < W; ++k) o[k] = grad(j + k, x[k]);
+        *reinterpret_cast<uint4*>(grow + j) = res;
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) grow[j] = grad(j, row[j]);
+    }
+  }
+}
+
+template <class X, class Y, class A>
+__global__ void scale_kernel(const X* x, const A* s, Y* y, int64_t n) {
+  const A k = *s;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = from_acc<Y>(static_cast<A>(to_acc(x[i])) * k);
+}
+
 }  // namespace
+
+void cross_entropy_rows(Tensor& logits, const Tensor& targets, Tensor& row_loss, int64_t classes,
+                        std::optional<double> grad_scale) {
+  const int dev = logits.device().index;
+  DeviceGuard guard(dev);
+  const int64_t n = logits.size(0), v = logits.size(1);
+  FFN_CHECK(n < (int64_t{1} << 31), "[cross_entropy_rows] more than 2^31 rows: ", n);
+  FFN_DISPATCH_ALL(logits.dtype(), "cross_entropy_rows", [&]<class H>() {
+    using T = device_t<H>;
+    using A = acc_t<T>;
+    const bool vec = vector_rows<T>(logits.data_ptr(), v);
+    const size_t bytes = (static_cast<size_t>(v) * sizeof(T) + 15) / 16 * 16;
+    const bool staged =
+        bytes + kMaxRowThreads / 32 * sizeof(A) <= properties(dev).sharedMemPerBlockOptin;
+    const int64_t items = vec ? v / kVec<T> : v;
+    const int threads = static_cast<int>(std::min<int64_t>(kMaxRowThreads, (items + 31) / 32 * 32));
+    auto pick = [&]<bool V, bool S>() {
+      return grad_scale ? xent_rows_kernel<T, A, V, S, true> : xent_rows_kernel<T, A, V, S, false>;
+    };
+    auto kernel = vec ? (staged ? pick.template operator()<true, true>()
+                                : pick.template operator()<true, false>())
+                      : (staged ? pick.template operator()<false, true>()
+                                : pick.template operator()<false, false>());
+    const size_t smem = staged ? bytes : 0;
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+    kernel<<<static_cast<unsigned>(n), threads, smem, stream(dev)>>>(
+        static_cast<T*>(logits.data_ptr()), static_cast<const int32_t*>(targets.data_ptr()),
+        static_cast<A*>(row_loss.data_ptr()), v, classes, static_cast<A>(grad_scale.value_or(0.0)));
+    FFN_CHECK_LAUNCH();
+  });
+}
+
+void mean_rows(const Tensor& row_loss, Tensor& loss) {
+  const int dev = loss.device().index;
+  DeviceGuard guard(dev);
+  FFN_DISPATCH_FLOAT(loss.dtype(), "mean_rows", [&]<class A>() {
+    mean_kernel<A><<<1, kThreads, 0, stream(dev)>>>(static_cast<const A*>(row_loss.data_ptr()),
+                                                    row_loss.size(0),
+                                                    static_cast<A*>(loss.data_ptr()));
+    FFN_CHECK_LAUNCH();
+  });
+}
+
+void scale_by(const Tensor& x, const Tensor& s, Tensor& y) {
+  const int dev = y.device().index;
+  DeviceGuard guard(dev);
+  const int64_t n = y.numel();
+  FFN_DISPATCH_ALL(y.dtype(), "scale_by", [&]<class H>() {
+    using Y = device_t<H>;
+    using A = acc_t<Y>;
+    constexpr int kT = 256;
+    const unsigned grid = grid_for(n, kT, properties(dev).multiProcessorCount * 8);
+    const A* sp = static_cast<const A*>(s.data_ptr());
+    if (x.dtype() == y.dtype())
+      scale_kernel<Y, Y, A><<<grid, kT, 0, stream(dev)>>>(static_cast<const Y*>(x.data_ptr()), sp,
+                                                          static_cast<Y*>(y.data_ptr()), n);
+    else
+      scale_kernel<A, Y, A><<<grid, kT, 0, stream(dev)>>>(static_cast<const A*>(x.data_ptr()), sp,
+                                                          static_cast<Y*>(y.data_ptr()), n);
+    FFN_CHECK_LAUNCH();
+  });
+}
 
 void cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& loss, Tensor& lse,
                    int64_t classes) {
