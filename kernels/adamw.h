@@ -8,8 +8,8 @@
 //   w -= lr · (m / (1-β1^t)) / (√(v / (1-β2^t)) + eps)
 // w is the fp32 master when one is given (Note [Master weights]); the parameter then
 // receives w rounded once. m, v and the master are in acc_dtype(param) and updated in
-// place; grad is read. On the GPU one launch covers up to 24 tensors (pointers passed as
-// kernel parameters), so a whole model's step is a handful of launches.
+// place; grad is read. On the GPU one launch covers up to 64 tensors and 2048 blocks
+// (pointers passed as kernel parameters), so a whole model's step is a handful of launches.
 #pragma once
 
 #include <vector>
