@@ -65,7 +65,7 @@ FFN_GPU_TEST("embedding on the GPU: gather exact, backward deterministic and equ
                          {4097, 65, 384},
                          {1000, 50257, 64},
                          {5000, 3, 40},
-                         {129, 1, 5}})  // runs across many 64-row chunks
+                         {129, 1, 5}})  // runs across many 16-row chunks
     for (DType dt : {DType::f32, DType::bf16}) {
       const Tensor table64 = rand64({v, c}, g).to(dt).to(DType::f64);
       const Tensor id = ids(n, v, 3);
@@ -87,6 +87,16 @@ FFN_GPU_TEST("embedding on the GPU: gather exact, backward deterministic and equ
                               {.reduce_len = static_cast<double>(n) / static_cast<double>(v) + 1,
                                .term_bound = 4 * max_abs(r64)});
     }
+  {  // a gradient that is not 16-byte aligned takes the one-column-per-thread path
+    const Tensor id = ids(100, 7, 5);
+    const Tensor dout = rand64({100, 16}, g).to(DType::bf16).to(kGpu);
+    Tensor d1 = Tensor::empty({7, 16}, DType::bf16, kGpu),
+           d2 = Tensor::empty({7, 16}, DType::bf16, kGpu);
+    embedding_backward(id.to(kGpu), dout, d1);
+    embedding_backward(id.to(kGpu), misaligned(dout), d2);
+    check_close(d2.to(Device::cpu()).to(DType::f64), d1.to(Device::cpu()).to(DType::f64), 0, 0,
+                "unaligned gradient: same sums");
+  }
   Tensor out = Tensor::empty({2, 3}, DType::f32, kGpu);
   const Tensor table = Tensor::zeros({5, 3}, DType::f32, kGpu);
   CHECK_THROWS_WITH_AS(embedding(Tensor::from_vector({1, 7}, {2}, DType::i32, kGpu), table, out),
