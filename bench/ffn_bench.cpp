@@ -17,14 +17,16 @@
 #include "core/cuda/context.h"
 #include "core/cuda/timer.h"
 #include "core/generator.h"
+#include "kernels/adamw.h"
 #include "kernels/attention.h"
 #include "kernels/bias_act_dropout.h"
+#include "kernels/bias_glu_dropout.h"
+#include "kernels/cross_entropy.h"
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
-#include "kernels/bias_glu_dropout.h"
-#include "kernels/cross_entropy.h"
 #include "layers/ffn_functional.h"
+#include "layers/functional.h"
 
 using namespace ffn;
 
@@ -312,10 +314,98 @@ void xent_bench(int device, int warmup, int iters) {
   const double bwd = median_ms(device, warmup, iters,
                                [&] { cross_entropy_backward(logits, t, lse, one, dl, c); });
   const double bytes = static_cast<double>(n * v * 2);
-  std::printf("{\"xent\": \"gpt2 %lldx%lld bf16, %lld classes\", \"forward_ms\": %.4f, "
-              "\"backward_ms\": %.4f, \"forward_gbps\": %.0f, \"backward_gbps\": %.0f}\n",
-              static_cast<long long>(n), static_cast<long long>(v), static_cast<long long>(c), fwd,
-              bwd, bytes / fwd / 1e6, 2 * bytes / bwd / 1e6);
+  Tensor inout = logits.clone(), rows = Tensor::empty({n}, DType::f32, dev);
+  const double fused = median_ms(device, warmup, iters, [&] {
+    inout.copy_(logits);  // timed apart below and subtracted: the kernel overwrites its input
+    cross_entropy_rows(inout, t, rows, false, c, 1.0 / static_cast<double>(n));
+  });
+  const double copy = median_ms(device, warmup, iters, [&] { inout.copy_(logits); });
+  std::printf(
+      "{\"xent\": \"gpt2 %lldx%lld bf16, %lld classes\", \"forward_ms\": %.4f, "
+      "\"backward_ms\": %.4f, \"forward_gbps\": %.0f, \"backward_gbps\": %.0f, "
+      "\"rows_with_grad_ms\": %.4f, \"rows_gbps\": %.0f}\n",
+      static_cast<long long>(n), static_cast<long long>(v), static_cast<long long>(c), fwd, bwd,
+      bytes / fwd / 1e6, 2 * bytes / bwd / 1e6, fused - copy, 2 * bytes / (fused - copy) / 1e6);
+  std::fflush(stdout);
+
+  // The whole classifier (LM-head GEMM, loss, dx and dw), forward + backward through
+  // autograd: the unfused pair against fn::linear_cross_entropy at several chunk sizes. Memory
+  // is the peak of live tensors above what x, w and the targets hold.
+  const Tensor x = Tensor::randn({n, 768}, g, DType::bf16, dev, 0.0, 1.0);
+  const Tensor w = Tensor::randn({v, 768}, g, DType::bf16, dev, 0.0, 0.02);
+  auto classifier = [&](int64_t chunk) {  // chunk < 0: unfused
+    Var xv(x, true), wv(w, true);
+    const Var l = chunk < 0 ? fn::cross_entropy(fn::linear(xv, wv, Var()), t, false, c)
+                            : fn::linear_cross_entropy(xv, wv, t, false, c, chunk);
+    l.backward();
+  };
+  double unfused_ms = 0;
+  for (int64_t chunk : {int64_t{-1}, int64_t{0}, int64_t{8192}, int64_t{4096}, int64_t{2048}}) {
+    classifier(chunk);
+    cuda::synchronize(device);
+    const size_t base = memory_stats(dev).in_use;
+    reset_peak_memory(dev);
+    classifier(chunk);
+    cuda::synchronize(device);
+    const size_t peak = memory_stats(dev).peak - base;
+    const double ms = median_ms(device, warmup, iters, [&] { classifier(chunk); });
+    if (chunk < 0) unfused_ms = ms;
+    std::printf(
+        "{\"classifier\": \"%s\", \"chunk_rows\": %lld, \"ms\": %.4f, "
+        "\"over_unfused\": %.3f, \"peak_bytes\": %zu}\n",
+        chunk < 0 ? "unfused" : "fused", static_cast<long long>(chunk < 0 ? n : chunk), ms,
+        ms / unfused_ms, peak);
+    std::fflush(stdout);
+  }
+}
+
+// The optimizer step of GPT-2 124M (bf16 parameters, fp32 master weights and moments,
+// padded vocabulary): the global gradient norm and the AdamW update, ms and the bytes the
+// update must move (read g, w, m, v; write w, m, v and the bf16 parameter: 28 per value)
+// per second.
+void optimizer_bench(int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  std::vector<Shape> shapes = {{50304, 768}, {1024, 768}};
+  for (int l = 0; l < 12; ++l)
+    for (const Shape& sh : std::vector<Shape>{{768},
+                                              {768},
+                                              {2304, 768},
+                                              {2304},
+                                              {768, 768},
+                                              {768},
+                                              {768},
+                                              {768},
+                                              {3072, 768},
+                                              {3072},
+                                              {768, 3072},
+                                              {768}})
+      shapes.push_back(sh);
+  shapes.push_back({768});
+  shapes.push_back({768});
+  Generator g(7);
+  std::vector<AdamWSlot> slots;
+  std::vector<Tensor> grads;
+  int64_t n = 0;
+  for (const Shape& sh : shapes) {
+    AdamWSlot s;
+    s.param = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 0.02);
+    s.grad = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1e-3);
+    s.master = s.param.to(DType::f32);
+    s.m = Tensor::zeros(sh, DType::f32, dev);
+    s.v = Tensor::zeros(sh, DType::f32, dev);
+    s.decay = sh.size() == 2;
+    n += s.param.numel();
+    grads.push_back(s.grad);
+    slots.push_back(std::move(s));
+  }
+  const AdamWHyper h{.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  int64_t step = 1;
+  const double adamw = median_ms(device, warmup, iters, [&] { adamw_step(slots, h, step++, 1.0); });
+  const double norm = median_ms(device, warmup, iters, [&] { (void)global_grad_sumsq(grads); });
+  std::printf(
+      "{\"optimizer\": \"gpt2 124M, %lld values in %zu tensors\", \"adamw_ms\": %.4f, "
+      "\"adamw_gbps\": %.0f, \"grad_sumsq_ms\": %.4f}\n",
+      static_cast<long long>(n), slots.size(), adamw, 28.0 * n / adamw / 1e6, norm);
   std::fflush(stdout);
 }
 
@@ -378,6 +468,8 @@ int main(int argc, char** argv) {
       "Also time cuBLASLt epilogues against our kernels where one could replace the other");
   bool xent = false;
   app.add_flag("--xent", xent, "Only the GPT-2 classifier's cross-entropy (forward, backward)");
+  bool optimizer = false;
+  app.add_flag("--optimizer", optimizer, "Only GPT-2's optimizer step (grad norm, AdamW)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
   bool attention = false;
@@ -395,6 +487,10 @@ int main(int argc, char** argv) {
     }
     const Device dev = Device::cuda(device);
     const auto& props = cuda::properties(device);
+    if (optimizer) {
+      optimizer_bench(device, warmup, iters);
+      return 0;
+    }
     if (xent) {
       xent_bench(device, warmup, iters);
       return 0;
