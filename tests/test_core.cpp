@@ -279,3 +279,21 @@ TEST_CASE("small host-to-device copies are staged: the source may change at once
     CHECK(rb.wait() == std::vector<double>(4, 1.0 + i));
   }
 }
+
+TEST_CASE("fill_ on the GPU: zero (a memset), -0, other values, strided views" *
+          doctest::skip(!gpu_available())) {
+  const Device gpu = Device::cuda(0);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64, DType::i32}) {
+    CAPTURE(dtype_name(dt));
+    Tensor t = Tensor::full({5, 6}, 3.0, dt, gpu);
+    t.zero_();
+    for (double v : t.to(Device::cpu()).to_vector()) REQUIRE(v == 0.0);
+    Tensor col = t.narrow(1, 2, 1);  // a strided view: only that column changes
+    col.fill_(dt == DType::i32 ? 4.0 : -0.0);
+    const auto all = t.to(Device::cpu()).to_vector();
+    for (int i = 0; i < 30; ++i) {
+      CHECK(all[i] == (i % 6 == 2 && dt == DType::i32 ? 4.0 : 0.0));
+      if (dt != DType::i32) CHECK(std::signbit(all[i]) == (i % 6 == 2));
+    }
+  }
+}

@@ -3,6 +3,7 @@
 // host -> device copies return before the device has them: stage_to_device).
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -180,6 +181,13 @@ void fill(const Tensor& dst, double value) {
   const int dev = dst.device().index;
   cuda::DeviceGuard guard(dev);
   const int64_t n = dst.numel();
+  if (value == 0.0 && !std::signbit(value) && dst.is_contiguous()) {
+    // +0 is all-zero bits in every dtype: a memset runs at the memory's bandwidth (the
+    // strided kernel below, with its index arithmetic per element, took 0.22 ms per
+    // gpt2_small step to zero the 79 MB of embedding gradients; ncu, H100).
+    if (n > 0) FFN_CHECK_CUDA(cudaMemsetAsync(dst.data_ptr(), 0, dst.nbytes(), cuda::stream(dev)));
+    return;
+  }
   const StridedIndex ix = make_index(dst, nullptr);
   FFN_DISPATCH_ANY(dst.dtype(), "fill_", [&]<class T>() {
     using DT = cuda::device_t<T>;

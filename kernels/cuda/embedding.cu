@@ -8,10 +8,10 @@
 // chunk in order (fp32). A run that lies inside one chunk is written to the table at
 // once; the pieces of a run that crosses chunk boundaries go to per-chunk partials (the
 // piece that starts the run: `tail`, a piece continuing one: `head`), and a second
-// kernel adds them in chunk order. Every sum's order depends only on the ids, and there
-// are no float atomics, so the result is bitwise reproducible for given ids. (A common
-// character id in a char-level batch has thousands of rows: one block per id would
-// leave most of the GPU idle.)
+// kernel adds them in chunk order (16-byte loads, 8 chunks in flight). Every sum's order
+// depends only on the ids, and there are no float atomics, so the result is bitwise
+// reproducible for given ids. (A common character id in a char-level batch has thousands
+// of rows: one block per id would leave most of the GPU idle.)
 #include <cub/device/device_radix_sort.cuh>
 
 #include "core/cuda/check.h"
@@ -77,8 +77,10 @@ __global__ void chunk_sum_kernel(const int32_t* keys, const int32_t* pos, const 
 }
 
 // Block k: if a run starts in chunk k and continues into chunk k+1, add its pieces in
-// chunk order and write the table row.
-template <class T, class A>
+// chunk order and write the table row. A character id's run crosses hundreds of chunks, so
+// each thread owns W consecutive columns (16-byte partial loads) and keeps 8 chunks' loads
+// in flight; the additions stay in chunk order.
+template <class T, class A, int W>
 __global__ void chunk_join_kernel(const int32_t* keys, T* d_table, const A* head, const A* tail,
                                   int64_t n, int64_t c) {
   const int64_t k = blockIdx.x, lo = k * kChunk, hi = min(n, lo + kChunk);
@@ -89,10 +91,18 @@ __global__ void chunk_join_kernel(const int32_t* keys, T* d_table, const A* head
   while ((last + 1) * kChunk < n && keys[(last + 1) * kChunk - 1] == id &&
          keys[(last + 1) * kChunk] == id)
     ++last;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    A acc = tail[k * c + j];
-    for (int64_t q = k + 1; q <= last; ++q) acc += head[q * c + j];
-    d_table[int64_t{id} * c + j] = from_acc<T>(acc);
+  for (int64_t j = threadIdx.x * int64_t{W}; j < c; j += int64_t{blockDim.x} * W) {
+    Cols<A, W> acc = *reinterpret_cast<const Cols<A, W>*>(tail + k * c + j);
+#pragma unroll 8
+    for (int64_t q = k + 1; q <= last; ++q) {
+      const Cols<A, W> h = *reinterpret_cast<const Cols<A, W>*>(head + q * c + j);
+#pragma unroll
+      for (int e = 0; e < W; ++e) acc.x[e] += h.x[e];
+    }
+    Cols<T, W> out;
+#pragma unroll
+    for (int e = 0; e < W; ++e) out.x[e] = from_acc<T>(acc.x[e]);
+    *reinterpret_cast<Cols<T, W>*>(d_table + int64_t{id} * c + j) = out;
   }
 }
 
@@ -185,7 +195,14 @@ void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table)
         k_out, p_out, static_cast<const T*>(d_out.data_ptr()), table,
         static_cast<A*>(head.data_ptr()), static_cast<A*>(tail.data_ptr()), n, c);
     FFN_CHECK_LAUNCH();
-    chunk_join_kernel<T, A><<<static_cast<unsigned>(chunks), threads, 0, s>>>(
+    // 16 bytes of partials per thread (4 fp32 or 2 f64 columns) where the columns divide.
+    constexpr int WA = 16 / static_cast<int>(sizeof(A));
+    const bool join_vec =
+        c % WA == 0 && reinterpret_cast<uintptr_t>(d_table.data_ptr()) % (WA * sizeof(T)) == 0;
+    const int64_t join_cols = join_vec ? c / WA : c;
+    const int join_threads = static_cast<int>(std::min<int64_t>(256, (join_cols + 31) / 32 * 32));
+    auto join = join_vec ? chunk_join_kernel<T, A, WA> : chunk_join_kernel<T, A, 1>;
+    join<<<static_cast<unsigned>(chunks), join_threads, 0, s>>>(
         k_out, table, static_cast<const A*>(head.data_ptr()),
         static_cast<const A*>(tail.data_ptr()), n, c);
     FFN_CHECK_LAUNCH();
