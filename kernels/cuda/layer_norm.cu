@@ -1,8 +1,9 @@
 // kernels/cuda/layer_norm.cu — fused LayerNorm forward/backward (kernels/layer_norm.h).
 //
 // Forward and dx: one warp per row, fp32 statistics (shuffle reductions in a fixed
-// order, so results are deterministic). Backward, the common shapes (16-bit w, C % 8 == 0,
-// C ≤ 1024, aligned rows): one kernel reads x and dy once and writes dx (optionally added
+// order, so results are deterministic); the forward holds the row in registers and moves
+// 16-byte vectors on the backward's common shapes below. Backward, the common shapes (16-bit w, C %
+// 8 == 0, C ≤ 1024, aligned rows): one kernel reads x and dy once and writes dx (optionally added
 // to what dx holds: the residual stream's gradient sum) and the dw/db partial sums of its
 // 64 rows; a warp takes rows w, w+8, … of the block in order, warps are summed in order,
 // and reduce_partials sums the blocks in order (Note [Deterministic column sums]: a
@@ -54,6 +55,52 @@ __global__ void __launch_bounds__(32 * kWarps)
     const A o = (to_acc(xr[j]) - mu) * r * to_acc(w[j]) + (b ? to_acc(b[j]) : A(0));
     yr[j] = from_acc<T>(o);
   }
+}
+
+// The forward for the backward's common shapes (16-bit w, C % 8 == 0, C ≤ 1024, aligned
+// rows): lane l holds the 8-column vectors l, l+32, … of its row in registers, so x is read
+// once with 16-byte loads (the kernel above reads it three times, a value per load).
+template <class X, class T, class S, int K>
+__global__ void __launch_bounds__(32 * kWarps)
+    ln_forward_vec_kernel(const X* x, const T* w, const T* b, T* y, S* mean, S* rstd, int64_t m,
+                          int c, float eps) {
+  const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.y;
+  if (row >= m) return;
+  const int lane = threadIdx.x, nv = c / 8;
+  float xv[K][8];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < nv) load_vec<8>(x + row * c + 8 * (lane + 32 * k), xv[k]);
+  float s = 0.0f;
+  if (mean)  // else RMSNorm: the mean is held at 0
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+      if (lane + 32 * k < nv)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s += xv[k][j];
+  const float mu = warp_sum(s) / static_cast<float>(c);
+  float v = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < nv)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v += (xv[k][j] - mu) * (xv[k][j] - mu);
+  const float r = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(c) + eps);
+  if (lane == 0) {
+    if (mean) mean[row] = static_cast<S>(mu);
+    rstd[row] = static_cast<S>(r);
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < nv) {
+      const int col = 8 * (lane + 32 * k);
+      float wv[8], bv[8] = {}, o[8];
+      load_vec<8>(w + col, wv);
+      if (b) load_vec<8>(b + col, bv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o[j] = (xv[k][j] - mu) * r * wv[j] + bv[j];
+      store_vec<8>(y + row * c + col, o);
+    }
 }
 
 template <class X, class T, class S>
@@ -212,6 +259,27 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
   dispatch_mixed(x, w, "layer_norm", [&]<class X, class T>() {
     using S = acc_t<T>;
     const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
+    if constexpr (sizeof(T) == 2) {
+      if (c % 8 == 0 && c <= kBwdMaxCols && reinterpret_cast<uintptr_t>(dptr<X>(x)) % 32 == 0 &&
+          can_vectorize(8, c, {dptr<T>(w), dptr<T>(b), dptr<T>(y)})) {
+        const int k = static_cast<int>((c / 8 + 31) / 32);
+        auto launch = [&]<int K>() {
+          ln_forward_vec_kernel<X, T, S, K><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
+              dptr<X>(x), dptr<T>(w), dptr<T>(b), dptr<T>(y), stat_ptr<S>(mean), stat_ptr<S>(rstd),
+              m, static_cast<int>(c), static_cast<float>(eps));
+        };
+        if (k == 1)
+          launch.template operator()<1>();
+        else if (k == 2)
+          launch.template operator()<2>();
+        else if (k == 3)
+          launch.template operator()<3>();
+        else
+          launch.template operator()<4>();
+        FFN_CHECK_LAUNCH();
+        return;
+      }
+    }
     ln_forward_kernel<X, T, S><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
         dptr<X>(x), dptr<T>(w), dptr<T>(b), dptr<T>(y), stat_ptr<S>(mean), stat_ptr<S>(rstd), m, c,
         static_cast<float>(eps));
