@@ -246,7 +246,7 @@ def gpu_profile(model, opt, train, gen, dev, it0, n, label):
     rows = [(e.key, e.device_time_total, e.count) for e in prof.key_averages() if e.device_time_total > 0]
     tot = sum(r[1] for r in rows)
     print(f"torch {label}: GPU kernel time {tot / n / 1e3:.2f} ms/iter over {n} iters", file=sys.stderr)
-    for k, t, c in sorted(rows, key=lambda r: -r[1])[:15]:
+    for k, t, c in sorted(rows, key=lambda r: -r[1])[:25]:
         print(f"  {t / tot * 100:5.1f}%  {t / n:8.1f} us/iter  x{c // n:<4} {k[:90]}", file=sys.stderr)
 
 
