@@ -95,7 +95,8 @@ class CausalSelfAttention : public Layer {
 // less time on an H100 (67.3 → 42.2 ms, bench/RESULTS.md session 8). vocab_size stays the
 // model's vocabulary:
 //   - the padding rows start at zero and stay zero: no id looks them up, and their logits
-//     are left out of the softmax (fn::cross_entropy's `classes`), so their gradient is 0
+//     are left out of the softmax (the loss's `classes`: fn::linear_cross_entropy, or
+//     fn::cross_entropy without the fused classifier), so their gradient is 0
 //     and AdamW (weight decay included) leaves them at 0;
 //   - GPT::forward returns [B, T, vocab_size] logits, so no padded id can be sampled;
 //   - a checkpoint or weight file holds [vocab_size, d] (GPT::stored_view, used by the

@@ -31,7 +31,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Reduces v over the block (max or sum) in a fixed order; every thread gets the result.
+// Reduces v over the block (max or sum; any whole number of warps) in a fixed order;
+// every thread gets the result.
 template <bool kMax, class A>
 __device__ A block_reduce(A v, A* smem) {
 #pragma unroll
@@ -44,7 +45,8 @@ __device__ A block_reduce(A v, A* smem) {
   if (lane == 0) smem[warp] = v;
   __syncthreads();
   A r = smem[0];
-  for (int w = 1; w < kThreads / 32; ++w) r = kMax ? max(r, smem[w]) : r + smem[w];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
+    r = kMax ? max(r, smem[w]) : r + smem[w];
   return r;
 }
 
@@ -169,24 +171,6 @@ __global__ void __launch_bounds__(kThreads)
 // narrow rows (a character vocabulary) do not leave most of a block idle.
 constexpr int kMaxRowThreads = 512;
 
-// block_reduce for any whole number of warps.
-template <bool kMax, class A>
-__device__ A block_reduce_any(A v, A* smem) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const A other = __shfl_xor_sync(0xffffffffu, v, o);
-    v = kMax ? max(v, other) : v + other;
-  }
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // smem may still be read by a previous reduction
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  A r = smem[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w)
-    r = kMax ? max(r, smem[w]) : r + smem[w];
-  return r;
-}
-
 // e^(x·k - b) with k = log2(e) and b = m·log2(e) for 16-bit inputs (one FFMA and MUFU.EX2),
 // e^(x - m) otherwise.
 template <class T, class A>
@@ -250,14 +234,14 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
   A m = -INFINITY;  // (fmax drops NaN here; the sum below brings it back)
   for_row<T, VEC>(row, c, [&](int64_t, T x) { m = max(m, static_cast<A>(to_acc(x))); });
-  m = block_reduce_any<true>(m, red);
+  m = block_reduce<true>(m, red);
   const Exp<T, A> e(m);
   A sum = 0;
   for_row<T, VEC>(row, c, [&](int64_t, T x) { sum += e(static_cast<A>(to_acc(x))); });
   const int64_t t = targets[i];
   // Read before the barrier in the reduction: past it, the row in global memory is written.
   const A xt = threadIdx.x == 0 ? static_cast<A>(to_acc(row[t])) : A(0);
-  sum = block_reduce_any<false>(sum, red);
+  sum = block_reduce<false>(sum, red);
   const A lse = m + log(sum);
   if (threadIdx.x == 0) row_loss[i] = lse - xt;
   if constexpr (GRAD) {
