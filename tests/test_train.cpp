@@ -52,6 +52,12 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
   CHECK(c.train.beta2 == 0.99);  // default
   CHECK(c.runtime.fused_attention);  // default: the flash-style kernels where they apply
   CHECK(!Config::parse("", "t.toml", {"runtime.fused_attention=false"}).runtime.fused_attention);
+  CHECK(c.runtime.fused_classifier);  // default: the loss without the [B·T, V] logits
+  CHECK(c.runtime.classifier_chunk == 0);  // automatic
+  const Config cls = Config::parse(
+      "", "t.toml", {"runtime.fused_classifier=false", "runtime.classifier_chunk=2048"});
+  CHECK(!cls.runtime.fused_classifier);
+  CHECK(cls.runtime.classifier_chunk == 2048);
   const Config back = Config::parse(c.to_toml(), "dump");
   CHECK(back.to_toml() == c.to_toml());
   CHECK(back.train.lr == c.train.lr);
@@ -135,6 +141,8 @@ TEST_CASE("config errors name the key (unknown, wrong type, out of range, cross-
   expect_config_error("[train]\niters = 2.5\n", {}, "train.iters: expected an integer >= 1");
   expect_config_error("[model]\nffn = \"relu\"\n", {}, "model.ffn: expected one of");
   expect_config_error("[runtime]\nfused_attention = 1\n", {}, "runtime.fused_attention: expected");
+  expect_config_error("[runtime]\nclassifier_chunk = -1\n", {},
+                      "runtime.classifier_chunk: expected an integer >= 0, got -1");
   expect_config_error("[model]\nd_model = 10\nheads = 3\n", {}, "model.heads: d_model=10");
   // The llama arch: no biases, a gated MLP, kv_heads dividing heads, an even head size.
   const std::string llama = "[model]\narch = \"llama\"\nffn = \"swiglu\"\nbias = false\n";
