@@ -241,6 +241,22 @@ struct LnParamGrads {
   }
 };
 
+// f.template operator()<K>() with K = ⌈C/256⌉, the 8-column vectors per lane of the
+// register-resident kernels (ln_forward_vec_kernel, ln_backward_kernel; C ≤ kBwdMaxCols).
+template <class F>
+void with_row_vectors(int64_t c, const F& f) {
+  switch ((c / 8 + 31) / 32) {
+    case 1:
+      return f.template operator()<1>();
+    case 2:
+      return f.template operator()<2>();
+    case 3:
+      return f.template operator()<3>();
+    default:
+      return f.template operator()<4>();
+  }
+}
+
 // Null for an undefined tensor (RMSNorm's mean).
 template <class S>
 S* stat_ptr(const Tensor& t) {
@@ -262,20 +278,11 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
     if constexpr (sizeof(T) == 2) {
       if (c % 8 == 0 && c <= kBwdMaxCols && reinterpret_cast<uintptr_t>(dptr<X>(x)) % 32 == 0 &&
           can_vectorize(8, c, {dptr<T>(w), dptr<T>(b), dptr<T>(y)})) {
-        const int k = static_cast<int>((c / 8 + 31) / 32);
-        auto launch = [&]<int K>() {
+        with_row_vectors(c, [&]<int K>() {
           ln_forward_vec_kernel<X, T, S, K><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
               dptr<X>(x), dptr<T>(w), dptr<T>(b), dptr<T>(y), stat_ptr<S>(mean), stat_ptr<S>(rstd),
               m, static_cast<int>(c), static_cast<float>(eps));
-        };
-        if (k == 1)
-          launch.template operator()<1>();
-        else if (k == 2)
-          launch.template operator()<2>();
-        else if (k == 3)
-          launch.template operator()<3>();
-        else
-          launch.template operator()<4>();
+        });
         FFN_CHECK_LAUNCH();
         return;
       }
@@ -305,18 +312,13 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
         const int64_t blocks = (m + kBwdRows - 1) / kBwdRows;
         Tensor partials;
         if (sums) partials = Tensor::empty({blocks * 2 * c}, DType::f32, x.device());
-        const int k = static_cast<int>((c / 8 + 31) / 32);
-        auto launch = [&]<int K>() {
+        with_row_vectors(c, [&]<int K>() {
           ln_backward_kernel<X, T, S, K><<<static_cast<unsigned>(blocks), dim3(32, kWarps), 0,
                                            stream(dev)>>>(
               dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd),
               dptr<X>(dx), accumulate_dx, sums ? partials.data<float>() : nullptr, m,
               static_cast<int>(c));
-        };
-        if (k == 1) launch.template operator()<1>();
-        else if (k == 2) launch.template operator()<2>();
-        else if (k == 3) launch.template operator()<3>();
-        else launch.template operator()<4>();
+        });
         FFN_CHECK_LAUNCH();
         if (!sums) return;
         Tensor both = Tensor::empty({2 * c}, w.dtype(), w.device());
