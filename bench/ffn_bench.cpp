@@ -294,6 +294,99 @@ void gemm_comparison(int device, int warmup, int iters) {
   }
 }
 
+// Note [Activation epilogues] against the unfused path, per fc1 shape (bf16): forward = fc1's
+// GEMM + bias + activation (own fused; cuBLASLt GEMM + bias_act_dropout(p = 0); the bare
+// GEMMs), backward = dhd = dz2·W2 + the activation's gradient with hd recomputed (own fused;
+// cuBLASLt GEMM + bias_act_dropout_backward with db1; the bare GEMMs). Then GPT-2's weight
+// gradients with the bias gradient through cuBLASLt's BGRADB against GEMM + bias_grad.
+void act_epilogue_bench(int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  struct Fc1 {
+    const char* name;
+    int64_t m, h, d;  // tokens, hidden, model width
+    Activation act;
+  };
+  const Fc1 shapes[] = {{"gpt2.fc1", 16384, 3072, 768, Activation::gelu_erf},
+                        {"ffn_d1024.fc1", 16384, 4096, 1024, Activation::gelu_tanh},
+                        {"ffn_d4096.fc1", 8192, 16384, 4096, Activation::gelu_tanh}};
+  Generator g(37);
+  for (const Fc1& sh : shapes) {
+    const Tensor x = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
+    const Tensor w1 = Tensor::randn({sh.h, sh.d}, g, DType::bf16, dev, 0.0, 0.05);
+    const Tensor b1 = Tensor::randn({sh.h}, g, DType::bf16, dev);
+    const Tensor w2 = Tensor::randn({sh.d, sh.h}, g, DType::bf16, dev, 0.0, 0.05);
+    const Tensor dz2 = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
+    Tensor z = Tensor::empty({sh.m, sh.h}, DType::bf16, dev), hd = z.clone(), dz = z.clone();
+    Tensor dhd = z.clone(), db1 = Tensor::empty({sh.h}, DType::bf16, dev);
+    if (!cuda::sm90_gemm_act_supported(x, w1, false, sh.act, z)) {
+      std::fprintf(stderr, "ffn-bench --act-epilogues: needs the Hopper GEMM (sm_90)\n");
+      return;
+    }
+    auto t = [&](auto&& f) { return median_ms(device, warmup, iters, f); };
+    using S = cuda::Sm90Schedule;
+    const double f_pp = t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::pingpong); });
+    const double f_coop =
+        t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::cooperative); });
+    const double f_unfused = t([&] {
+      gemm(x, w1, z, {.trans_b = true});
+      bias_act_dropout(z, b1, sh.act, {}, hd);
+    });
+    const double f_bare_lt = t([&] { gemm(x, w1, z, {.trans_b = true}); });
+    const double f_bare_ours = t([&] { cuda::sm90_gemm(x, w1, z, {.trans_b = true}); });
+    const double b_pp =
+        t([&] { cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::pingpong); });
+    const double b_coop =
+        t([&] { cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::cooperative); });
+    const double b_unfused = t([&] {
+      gemm(dz2, w2, dhd);
+      bias_act_dropout_backward(dhd, z, b1, sh.act, {}, dz, &db1, &hd);
+    });
+    const double b_bare_lt = t([&] { gemm(dz2, w2, dhd); });
+    const double b_bare_ours = t([&] { cuda::sm90_gemm(dz2, w2, dhd); });
+    std::printf(
+        "{\"act_epilogue\": \"%s\", \"act\": \"%s\", \"fwd_fused_ms\": %.4f, "
+        "\"fwd_fused_coop_ms\": %.4f, \"fwd_unfused_ms\": %.4f, \"fwd_bare_cublaslt_ms\": "
+        "%.4f, \"fwd_bare_ours_ms\": %.4f, \"bwd_fused_ms\": %.4f, \"bwd_fused_coop_ms\": "
+        "%.4f, \"bwd_unfused_ms\": %.4f, \"bwd_bare_cublaslt_ms\": %.4f, "
+        "\"bwd_bare_ours_ms\": %.4f}\n",
+        sh.name, activation_name(sh.act), f_pp, f_coop, f_unfused, f_bare_lt, f_bare_ours, b_pp,
+        b_coop, b_unfused, b_bare_lt, b_bare_ours);
+    std::fflush(stdout);
+  }
+  // Bias gradients: dW = dyᵀ·x with db = Σ_rows dy in the same cuBLASLt call (BGRADB)
+  // against the GEMM followed by bias_grad (what ffn-train ran before).
+  struct Wgrad {
+    const char* name;
+    int64_t m, n, k;  // tokens, out, in
+  };
+  for (const Wgrad& sh :
+       {Wgrad{"gpt2.qkv", 16384, 2304, 768}, Wgrad{"gpt2.proj", 16384, 768, 768},
+        Wgrad{"gpt2.fc1", 16384, 3072, 768}, Wgrad{"gpt2.fc2", 16384, 768, 3072}}) {
+    const Tensor dy = Tensor::randn({sh.m, sh.n}, g, DType::bf16, dev);
+    const Tensor x = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);
+    Tensor dw = Tensor::empty({sh.n, sh.k}, DType::bf16, dev),
+           db = Tensor::empty({sh.n}, DType::bf16, dev);
+    const bool tuned = gemm_autotune();
+    set_gemm_autotune(false);  // what ffn-train runs
+    const double apart = median_ms(device, warmup, iters, [&] {
+      gemm(dy, x, dw, {.trans_a = true});
+      bias_grad(dy, db);
+    });
+    const double with = median_ms(device, warmup, iters, [&] {
+      gemm(dy, x, dw, {.trans_a = true, .epilogue = GemmEpilogue::bgrad_a, .bias_grad = db});
+    });
+    const double bare =
+        median_ms(device, warmup, iters, [&] { gemm(dy, x, dw, {.trans_a = true}); });
+    set_gemm_autotune(tuned);
+    std::printf(
+        "{\"bgrad\": \"%s.wgrad\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+        "\"gemm_plus_bias_grad_ms\": %.4f, \"gemm_bgradb_ms\": %.4f, \"bare_gemm_ms\": %.4f}\n",
+        sh.name, static_cast<long long>(sh.n), static_cast<long long>(sh.k),
+        static_cast<long long>(sh.m), apart, with, bare);
+    std::fflush(stdout);
+  }
+}
+
 // The GPT-2 classifier's softmax cross-entropy, forward + backward, on bf16 logits of the
 // padded vocabulary (B·T = 16384 rows of 50304, 50257 classes): ms and the bytes the two
 // passes must move (logits read twice, d_logits written once) per second.
@@ -472,6 +565,10 @@ int main(int argc, char** argv) {
   app.add_flag("--optimizer", optimizer, "Only GPT-2's optimizer step (grad norm, AdamW)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
+  bool act_epilogues = false;
+  app.add_flag(
+      "--act-epilogues", act_epilogues,
+      "Only the activation epilogues and bias-gradient epilogues against the unfused path");
   bool attention = false;
   float attention_dropout = 0.0f;
   app.add_flag("--attention", attention,
@@ -497,6 +594,10 @@ int main(int argc, char** argv) {
     }
     if (attention) {
       attention_bench(device, warmup, iters, attention_dropout);
+      return 0;
+    }
+    if (act_epilogues) {
+      act_epilogue_bench(device, warmup, iters);
       return 0;
     }
     if (gemm_table) {

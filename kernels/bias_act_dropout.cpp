@@ -4,6 +4,8 @@
 #include "kernels/bias_act_dropout.h"
 
 #include "kernels/checks.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
+#include "kernels/gemm.h"
 
 namespace ffn {
 
@@ -51,6 +53,61 @@ void bias_dropout_backward(const Tensor& dy, const DropoutSpec& d, Tensor* dz, T
   if (dy.is_cuda())
     return cuda::bias_act_dropout_backward(dyc, {}, {}, Activation::identity, d, dz, db, nullptr);
   cpu::bias_act_dropout_backward(dyc, {}, {}, Activation::identity, d, dz, db, nullptr);
+}
+
+namespace {
+// Note [Activation epilogues]: only one warpgroup runs a tile's activation while the other's
+// MMAs go on, so the epilogue is hidden only behind a long enough mainloop (its cost per tile
+// is fixed, the mainloop's grows with K). Measured on an H100 (bench/RESULTS.md, session 12,
+// `ffn-bench --act-epilogues`): the forward beats GEMM + kernel from K = 1024 (ffn_d1024 0.88×,
+// ffn_d4096 0.93×) but not at K = 768 (GPT-2's fc1 1.04×); the backward, which also loads z,
+// only at K = 4096 (0.96×; 1.11× at K = 1024, 1.74× at K = 768).
+constexpr int64_t kActForwardMinK = 1024;
+constexpr int64_t kActBackwardMinK = 4096;
+
+// Contiguous with a 16-byte aligned start: what the fused GEMMs' TMA and vector accesses need.
+bool dense16(const Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+}  // namespace
+
+bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
+                Tensor& hd) {
+  const char* op = "linear_act";
+  detail::check_matrix(x, op, "x");
+  detail::check_matrix(w, op, "w");
+  FFN_CHECK(w.size(1) == x.size(1), "[linear_act] x is [", x.size(0), ", ", x.size(1),
+            "] but w is ", shape_str(w.shape()), " (expected [h, ", x.size(1), "])");
+  detail::check_like(w, x, w.shape(), op, "w");
+  detail::check_like(z, x, {x.size(0), w.size(0)}, op, "z");
+  detail::check_like(hd, x, z.shape(), op, "hd");
+  if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
+  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kActForwardMinK ||
+      !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !dense16(hd) ||
+      (b.defined() && !dense16(b)))
+    return false;
+  cuda::sm90_gemm_nt_act(x, w, b, act, z, hd);
+  return true;
+}
+
+bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
+                         Activation act, Tensor& dz, Tensor& hd) {
+  const char* op = "linear_act_backward";
+  detail::check_matrix(dy, op, "dy");
+  detail::check_matrix(w, op, "w");
+  FFN_CHECK(w.size(0) == dy.size(1), "[linear_act_backward] dy is [", dy.size(0), ", ", dy.size(1),
+            "] but w is ", shape_str(w.shape()), " (expected [", dy.size(1), ", h])");
+  detail::check_like(w, dy, w.shape(), op, "w");
+  detail::check_like(z, dy, {dy.size(0), w.size(1)}, op, "z");
+  detail::check_like(dz, dy, z.shape(), op, "dz");
+  detail::check_like(hd, dy, z.shape(), op, "hd");
+  if (b.defined()) detail::check_like(b, dy, {w.size(1)}, op, "b");
+  if (!dy.is_cuda() || !gemm_epilogues() || dy.size(1) < kActBackwardMinK ||
+      !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !dense16(z) || !dense16(hd) ||
+      (b.defined() && !dense16(b)))
+    return false;
+  cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, dz, hd);
+  return true;
 }
 
 }  // namespace ffn

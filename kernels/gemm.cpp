@@ -83,21 +83,34 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
 }
 
 namespace {
-std::atomic<int> g_autotune{-1};  // -1: not decided yet (read FFN_GEMM_TUNE)
+std::atomic<int> g_autotune{-1};   // -1: not decided yet (read FFN_GEMM_TUNE)
+std::atomic<int> g_epilogues{-1};  // -1: not decided yet (read FFN_GEMM_EPILOGUES)
+
+bool env_switch(std::atomic<int>& v, const char* name) {
+  int x = v.load();
+  if (x < 0) {
+    const char* e = std::getenv(name);
+    x = (e && std::strcmp(e, "0") == 0) ? 0 : 1;
+    v = x;
+  }
+  return x == 1;
+}
 }  // namespace
+
+void set_gemm_epilogues(bool on) {
+  g_epilogues = on ? 1 : 0;
+}
+
+bool gemm_epilogues() {
+  return env_switch(g_epilogues, "FFN_GEMM_EPILOGUES");
+}
 
 void set_gemm_autotune(bool on) {
   g_autotune = on ? 1 : 0;
 }
 
 bool gemm_autotune() {
-  int v = g_autotune.load();
-  if (v < 0) {
-    const char* e = std::getenv("FFN_GEMM_TUNE");
-    v = (e && std::strcmp(e, "0") == 0) ? 0 : 1;
-    g_autotune = v;
-  }
-  return v == 1;
+  return env_switch(g_autotune, "FFN_GEMM_TUNE");
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args) {

@@ -48,6 +48,13 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args = {}
 void set_gemm_autotune(bool on);
 bool gemm_autotune();
 
+// Whether the layers fold their elementwise work into GEMM epilogues on the GPU (Note
+// [Activation epilogues]: the FFN's activation in the own Hopper GEMM; bias gradients through
+// cuBLASLt's BGRADB on the weight-gradient product). On by default (FFN_GEMM_EPILOGUES=0 or
+// runtime.gemm_epilogues = false turn it off); the CPU path is the same either way.
+void set_gemm_epilogues(bool on);
+bool gemm_epilogues();
+
 // Allocating convenience: returns op(a)·op(b) (+ bias).
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args = {});
 

@@ -52,21 +52,32 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
   const int64_t m = x.size(0), h1 = z_width(x, p);
   FfnForward out;
   Tensor hd;
-  // Without hidden dropout, cuBLASLt's GELU_AUX_BIAS epilogue does fc1 + bias + gelu_tanh
-  // in the GEMM and saves z + b1 as its aux output: 13% faster than the GEMM plus our
-  // kernel at d=1024, even at d=4096 (bench/RESULTS-2026-11-22.md). It cannot apply a
-  // dropout mask, has no erf/SiLU/GLU, and its approximate tanh (4e-5 relative) is only
-  // below the output rounding for 16-bit types.
-  const bool epilogue = x.is_cuda() && is_half(x.dtype()) && p.w1.defined() && !cfg.gated &&
-                        !cfg.recompute && cfg.act == Activation::gelu_tanh && !d.hidden.active() &&
-                        h1 % 8 == 0;
-  if (epilogue) {
+  // Without hidden dropout the activation runs in fc1's epilogue: the own Hopper GEMM
+  // (linear_act, Note [Activation epilogues]; z saved without the bias, as below) or else,
+  // for gelu_tanh in 16 bits, cuBLASLt's GELU_AUX_BIAS epilogue, which saves z + b1 and is
+  // 13% faster than the GEMM plus our kernel at d=1024 (bench/RESULTS-2026-11-22.md). That
+  // one cannot apply a mask, has no erf/SiLU/GLU, and its approximate tanh (4e-5 relative)
+  // is only below the output rounding for 16-bit types.
+  const bool plain_fc1 =
+      x.is_cuda() && p.w1.defined() && !cfg.gated && !cfg.recompute && !d.hidden.active();
+  bool done = false;
+  if (plain_fc1 && gemm_epilogues()) {
+    Tensor z = Tensor::empty({m, h1}, x.dtype(), x.device());
+    hd = Tensor::empty({m, h1}, x.dtype(), x.device());
+    if (linear_act(x, p.w1, p.b1, cfg.act, z, hd)) {
+      out.z = z;
+      done = true;
+    }
+  }
+  if (!done && plain_fc1 && is_half(x.dtype()) && cfg.act == Activation::gelu_tanh && h1 % 8 == 0) {
     out.z = Tensor::empty({m, h1}, x.dtype(), x.device());
     out.z_has_bias = true;
     hd = matmul(
         x, p.w1,
         {.trans_b = true, .bias = p.b1, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = out.z});
-  } else {
+    done = true;
+  }
+  if (!done) {
     const Tensor z = p.w1.defined() ? matmul(x, p.w1, {.trans_b = true}) : x;
     hd = Tensor::empty({m, hidden_width(x, p, cfg)}, x.dtype(), x.device());
     if (cfg.gated)
@@ -102,20 +113,26 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   check_same_dtype(dy, x, "ffn_backward", "dy", "x");
   FfnGrads g;
 
-  // fc2: dz2 = dropout_o'(dy), db2 fused into the same pass; dhd = dz2 · W2.
-  Tensor dz2 = dy, dhd = dy;
+  // On the GPU in 16 bits with gemm_epilogues(), bias gradients come from cuBLASLt's BGRADB
+  // epilogue on the weight-gradient product, which reads the same rows (gemm's bgrad_a).
+  const bool epi = dy.is_cuda() && is_half(dy.dtype()) && gemm_epilogues();
+
+  // fc2: dz2 = dropout_o'(dy), db2 fused into that pass (or into dW2's product).
+  Tensor dz2 = dy;
+  bool db2_in_dw2 = false;
   if (p.w2.defined()) {
     if (p.b2.defined()) g.db2 = Tensor::empty({y_shape[1]}, x.dtype(), x.device());
     if (d.out.active()) {
       dz2 = Tensor::empty(y_shape, x.dtype(), x.device());
       bias_dropout_backward(dy, d.out, &dz2, p.b2.defined() ? &g.db2 : nullptr);
     } else if (p.b2.defined()) {
-      bias_grad(dy, g.db2);
+      db2_in_dw2 = epi;
+      if (!db2_in_dw2) bias_grad(dy, g.db2);
     }
-    dhd = matmul(dz2, p.w2);
   }
 
-  // The fused middle: dz and db1 in one pass, recomputing hd for dW2 on the way.
+  // The middle: dz (and db1) from dhd = dz2·W2 and the saved z, recomputing hd for dW2 on the
+  // way; in dhd's GEMM epilogue where it can (linear_act_backward), else in one fused pass.
   Tensor z = x;
   if (p.w1.defined()) {
     if (z_saved.defined()) {
@@ -129,17 +146,29 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   Tensor dz = Tensor::empty({m, h1}, x.dtype(), x.device());
   if (p.b1.defined()) g.db1 = Tensor::empty({h1}, x.dtype(), x.device());
   Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
-  Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;
-  Tensor* hd_out = hd.defined() ? &hd : nullptr;
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
-  if (cfg.gated)
-    bias_glu_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
-  else
-    bias_act_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
+  const bool fused = epi && p.w2.defined() && p.w1.defined() && !cfg.gated && !d.hidden.active() &&
+                     linear_act_backward(dz2, p.w2, z, b1, cfg.act, dz, hd);
+  const bool db1_in_dw1 = fused && p.b1.defined();
+  if (!fused) {
+    const Tensor dhd = p.w2.defined() ? matmul(dz2, p.w2) : dz2;
+    Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;
+    Tensor* hd_out = hd.defined() ? &hd : nullptr;
+    if (cfg.gated)
+      bias_glu_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
+    else
+      bias_act_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
+  }
 
-  if (p.w2.defined()) g.dw2 = matmul(dz2, hd, {.trans_a = true});
+  if (p.w2.defined()) {
+    GemmArgs a2{.trans_a = true};
+    if (db2_in_dw2) a2.epilogue = GemmEpilogue::bgrad_a, a2.bias_grad = g.db2;
+    g.dw2 = matmul(dz2, hd, a2);
+  }
   if (p.w1.defined()) {
-    g.dw1 = matmul(dz, x, {.trans_a = true});
+    GemmArgs a1{.trans_a = true};
+    if (db1_in_dw1) a1.epilogue = GemmEpilogue::bgrad_a, a1.bias_grad = g.db1;
+    g.dw1 = matmul(dz, x, a1);
     if (need_dx) g.dx = matmul(dz, p.w1);
   } else if (need_dx) {
     g.dx = dz;

@@ -194,7 +194,7 @@ class GPT : public Module {
   Var loss(const Tensor& ids, const Tensor& targets, bool ids_in_range = false);
   // Rows per chunk of the fused classifier for a batch of `rows` tokens: classifier_chunk,
   // or equal chunks of at most kClassifierChunkBytes of logits.
-  static constexpr int64_t kClassifierChunkBytes = int64_t{512} << 20;
+  static constexpr int64_t kClassifierChunkBytes = int64_t{1} << 30;
   int64_t classifier_chunk(int64_t rows) const;
   // FLOPs of one training step's forward+backward per token (PaLM's 6N + 12·L·T·C), N
   // without the vocabulary padding.

@@ -1,6 +1,7 @@
 // tests/test_layers.cpp — layers: finite-difference gradients, saved state, errors, training.
 #include <cmath>
 
+#include "kernels/gemm.h"
 #include "layers/layers.h"
 #include "layers/transformer.h"
 #include "optim/sgd.h"
@@ -279,47 +280,69 @@ LayerRun run_ffn(const FeedForwardOptions& base, DType dt, Device dev, const Ten
 
 FFN_GPU_TEST("FeedForward / GatedFeedForward on the GPU match the CPU, dropout on and off") {
   Generator g(60);
-  for (bool gated : {false, true})
-    for (DType dt : {DType::f32, DType::bf16})
-      for (int64_t hidden : {7, 1600})
-        for (float p : {0.2f, 0.0f}) {  // p = 0 runs fc1 through cuBLASLt's GELU_AUX_BIAS
-          CAPTURE(gated);
-          const std::string dtype = std::string(dtype_name(dt));
-          CAPTURE(dtype);
-          CAPTURE(hidden);
-          CAPTURE(p);
-          const FeedForwardOptions opt{.d_model = 64,
-                                       .hidden = hidden,
-                                       .act = gated ? Activation::silu : Activation::gelu_tanh,
-                                       .gated = gated,
-                                       .dropout = p,
-                                       .out_dropout = p / 2};
-          const Tensor x = rand64({3, 11, 64}, g).to(dt).to(DType::f64);  // representable in dt
-          const Tensor dy = rand64({3, 11, 64}, g).to(dt).to(DType::f64);
-          const LayerRun cpu = run_ffn(opt, DType::f64, Device::cpu(), x, dy);
-          const LayerRun gpu = run_ffn(opt, dt, Device::cuda(0), x, dy);
-          // f32: relative L2 within 1e-5 (fp32 GEMMs over ≤ 1600 terms); bf16: within 1e-2
-          // (bf16 storage of every intermediate; METHOD.md's range for bf16 operands).
-          const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
-          CHECK(ffn::test::rel_l2(gpu.y, cpu.y) <= tol);
-          const char* names[] = {"dx", "dW1", "db1", "dW2", "db2"};
-          for (size_t i = 0; i < cpu.grads.size(); ++i) {
-            INFO(names[i], " rel_l2 = ", ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]));
-            CHECK(ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]) <= tol);
-          }
-        }
+  // p = 0 in bf16 runs the GEMM epilogues (the own Hopper GEMM's activation epilogues, or
+  // cuBLASLt's GELU_AUX_BIAS off Hopper; bias gradients through BGRADB); epilogues off runs
+  // the GEMMs and the fused elementwise kernels apart.
+  const bool epilogues = gemm_epilogues();
+  for (bool epi : {true, false})
+    for (bool gated : {false, true})
+      for (Activation act : {Activation::gelu_tanh, Activation::gelu_erf})
+        for (DType dt : {DType::f32, DType::bf16})
+          for (int64_t hidden : {7, 1600})
+            for (float p : {0.2f, 0.0f}) {
+              if (gated && act == Activation::gelu_erf) continue;  // gated runs SiLU
+              set_gemm_epilogues(epi);
+              CAPTURE(epi);
+              CAPTURE(gated);
+              const std::string act_name = activation_name(act);
+              CAPTURE(act_name);
+              const std::string dtype = std::string(dtype_name(dt));
+              CAPTURE(dtype);
+              CAPTURE(hidden);
+              CAPTURE(p);
+              // d_model 4096 with hidden 1600: K long enough for the activation epilogues in
+              // both directions (kernels/bias_act_dropout.cpp); hidden 7: no fused GEMM takes it.
+              const int64_t d_model = hidden == 7 ? 64 : 4096;
+              const FeedForwardOptions opt{.d_model = d_model,
+                                           .hidden = hidden,
+                                           .act = gated ? Activation::silu : act,
+                                           .gated = gated,
+                                           .dropout = p,
+                                           .out_dropout = p / 2};
+              const Tensor x =
+                  rand64({3, 11, d_model}, g).to(dt).to(DType::f64);  // representable in dt
+              const Tensor dy = rand64({3, 11, d_model}, g).to(dt).to(DType::f64);
+              const LayerRun cpu = run_ffn(opt, DType::f64, Device::cpu(), x, dy);
+              const LayerRun gpu = run_ffn(opt, dt, Device::cuda(0), x, dy);
+              // f32: relative L2 within 1e-5 (fp32 GEMMs over ≤ 4096 terms); bf16: within 1e-2
+              // (bf16 storage of every intermediate; METHOD.md's range for bf16 operands).
+              const double tol = dt == DType::f32 ? 1e-5 : 1e-2;
+              CHECK(ffn::test::rel_l2(gpu.y, cpu.y) <= tol);
+              const char* names[] = {"dx", "dW1", "db1", "dW2", "db2"};
+              for (size_t i = 0; i < cpu.grads.size(); ++i) {
+                INFO(names[i], " rel_l2 = ", ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]));
+                CHECK(ffn::test::rel_l2(gpu.grads[i], cpu.grads[i]) <= tol);
+              }
+            }
+  set_gemm_epilogues(epilogues);
 }
 
 FFN_GPU_TEST("two runs of a GPU FFN step are bitwise identical") {
   Generator g(61);
-  const FeedForwardOptions opt{
-      .d_model = 256, .hidden = 1024, .dropout = 0.1f, .out_dropout = 0.1f};
-  const Tensor x = rand64({512, 256}, g), dy = rand64({512, 256}, g);
-  const LayerRun a = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
-  const LayerRun b = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
-  CHECK(ffn::test::max_abs_diff(a.y, b.y) == 0.0);
-  for (size_t i = 0; i < a.grads.size(); ++i)
-    CHECK(ffn::test::max_abs_diff(a.grads[i], b.grads[i]) == 0.0);
+  for (float p : {0.1f, 0.0f}) {  // p = 0: the GEMM epilogues
+    CAPTURE(p);
+    const FeedForwardOptions opt{.d_model = 256,
+                                 .hidden = 1024,
+                                 .act = Activation::gelu_erf,
+                                 .dropout = p,
+                                 .out_dropout = p};
+    const Tensor x = rand64({512, 256}, g), dy = rand64({512, 256}, g);
+    const LayerRun a = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
+    const LayerRun b = run_ffn(opt, DType::bf16, Device::cuda(0), x, dy);
+    CHECK(ffn::test::max_abs_diff(a.y, b.y) == 0.0);
+    for (size_t i = 0; i < a.grads.size(); ++i)
+      CHECK(ffn::test::max_abs_diff(a.grads[i], b.grads[i]) == 0.0);
+  }
 }
 
 FFN_GPU_TEST("an FFN regression on the GPU trains: loss falls at least 10x") {
@@ -489,9 +512,9 @@ TEST_CASE("GPT loss: the fused classifier in any chunking equals the unfused one
   g2.vocab_pad_to = 128;
   Generator init(1);
   const GPT big(g2, std::make_shared<Generator>(1), init);
-  // 16384 rows of 50304 f64 logits are 12.3 × 512 MiB: 13 chunks of ⌈16384/13⌉ rows.
-  static_assert(GPT::kClassifierChunkBytes == int64_t{512} << 20);
-  CHECK(big.classifier_chunk(16384) == 1261);
+  // 16384 rows of 50304 f64 logits are 6.14 GiB: 7 chunks of ⌈16384/7⌉ rows.
+  static_assert(GPT::kClassifierChunkBytes == int64_t{1} << 30);
+  CHECK(big.classifier_chunk(16384) == 2341);
   CHECK(big.classifier_chunk(10) == 10);
 }
 

@@ -143,6 +143,7 @@ void Trainer::place() {
   // Timed GEMM autotuning may pick different algorithms in another process, which would
   // break bit-exact resume; it is opt-in for training runs.
   set_gemm_autotune(s.cfg.runtime.gemm_autotune);
+  set_gemm_epilogues(s.cfg.runtime.gemm_epilogues);
 }
 
 // The run dir, the checkpoint to resume, the data and what they must agree on.

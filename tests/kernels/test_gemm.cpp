@@ -447,3 +447,96 @@ FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_drop
           CHECK_MESSAGE(equal_and_written(hd2, hd), what, ": hd without z");
         }
 }
+
+// Note [Activation epilogues]: the forward (z, hd) and backward (dz, recomputed hd) equal the
+// same Hopper product followed by bias_act_dropout(_backward) with p = 0, bit for bit; the
+// front doors (linear_act*) run them on Hopper and decline elsewhere.
+FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_act_dropout") {
+  Generator g(74);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
+    return;
+  }
+  // (M, N = h, K): M = 1, ragged row and column tiles, N < 256 and >= 256 (the cooperative
+  // kernel's BN), more tiles than SMs (1100 × 8192: CTAs reuse their buffers), GPT-2's fc1.
+  const int64_t dims[][3] = {
+      {1, 8, 8}, {129, 264, 72}, {300, 1608, 256}, {1100, 8192, 64}, {512, 3072, 768}};
+  for (auto& dm : dims)
+    for (DType dt : {DType::bf16, DType::f16})
+      for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu})
+        for (cuda::Sm90Schedule sched :
+             {cuda::Sm90Schedule::pingpong, cuda::Sm90Schedule::cooperative}) {
+          const int64_t m = dm[0], n = dm[1], k = dm[2];
+          const bool bias = n != 264;  // one shape without a bias
+          const Tensor x = rand64({m, k}, g).to(dt).to(kGpu),
+                       w1 = rand64({n, k}, g).to(dt).to(kGpu);
+          const Tensor dy = rand64({m, k}, g).to(dt).to(kGpu),
+                       w2 = rand64({k, n}, g).to(dt).to(kGpu);
+          const Tensor b = bias ? rand64({n}, g).to(dt).to(kGpu) : Tensor();
+          const std::string what =
+              std::string("activation epilogue ") + dtype_name(dt) + " " + activation_name(act) +
+              (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : " cooperative") + " m" +
+              std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+          // Forward: z is the plain product (same kernel shape, same accumulation), hd is
+          // bias_act_dropout of that z.
+          Tensor z = Tensor::full({m, n}, NAN, dt, kGpu), hd = z.clone();
+          cuda::sm90_gemm_nt_act(x, w1, b, act, z, hd, sched);
+          Tensor z_ref = Tensor::full({m, n}, NAN, dt, kGpu), hd_ref = z_ref.clone();
+          cuda::sm90_gemm(x, w1, z_ref, {.trans_b = true, .schedule = sched});
+          CHECK_MESSAGE(equal_and_written(z, z_ref), what, ": z");
+          bias_act_dropout(z_ref, b, act, {}, hd_ref);
+          CHECK_MESSAGE(equal_and_written(hd, hd_ref), what, ": hd");
+          // Backward: dz and hd from dhd = dy·w2 and the saved z.
+          Tensor dz = Tensor::full({m, n}, NAN, dt, kGpu), hd2 = dz.clone();
+          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, dz, hd2, sched);
+          Tensor dhd = Tensor::full({m, n}, NAN, dt, kGpu);
+          cuda::sm90_gemm(dy, w2, dhd, {.schedule = sched});
+          Tensor dz_ref = Tensor::full({m, n}, NAN, dt, kGpu), hd2_ref = dz_ref.clone();
+          bias_act_dropout_backward(dhd, z, b, act, {}, dz_ref, nullptr, &hd2_ref);
+          CHECK_MESSAGE(equal_and_written(dz, dz_ref), what, ": dz");
+          CHECK_MESSAGE(equal_and_written(hd2, hd2_ref), what, ": recomputed hd");
+        }
+  // The front doors take the Hopper path for 16-bit operands with a long enough K (4096 runs
+  // both directions) and decline f32 and short K (the caller then runs gemm +
+  // bias_act_dropout); a mismatched output is an error naming the op.
+  {
+    const Tensor xl = rand64({64, 4096}, g).to(DType::bf16).to(kGpu);
+    const Tensor wl = rand64({16, 4096}, g).to(DType::bf16).to(kGpu);
+    const Tensor wl2 = rand64({4096, 16}, g).to(DType::bf16).to(kGpu);
+    Tensor zl = Tensor::empty({64, 16}, DType::bf16, kGpu), hl = zl.clone(), dzl = zl.clone();
+    CHECK(linear_act(xl, wl, {}, Activation::gelu_erf, zl, hl));
+    CHECK(linear_act_backward(xl, wl2, zl, {}, Activation::gelu_erf, dzl, hl));
+  }
+  const Tensor x = rand64({64, 32}, g).to(DType::bf16).to(kGpu);
+  const Tensor w = rand64({16, 32}, g).to(DType::bf16).to(kGpu);
+  Tensor z = Tensor::empty({64, 16}, DType::bf16, kGpu), hd = z.clone();
+  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, z, hd));  // K = 32: measured slower
+  Tensor z32 = Tensor::empty({64, 16}, DType::f32, kGpu), hd32 = z32.clone();
+  CHECK(!linear_act(x.to(DType::f32), w.to(DType::f32), {}, Activation::gelu_erf, z32, hd32));
+  Tensor bad = Tensor::empty({64, 24}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(linear_act(x, w, {}, Activation::gelu_erf, z, bad),
+                    doctest::Contains("[linear_act] hd"));
+  const Tensor z_base = Tensor::empty({64 * 16 + 1}, DType::bf16, kGpu);
+  const Tensor z_off = z_base.narrow(0, 1, 64 * 16).reshape({64, 16});  // 2-byte aligned
+  Tensor dz = Tensor::empty({64, 16}, DType::bf16, kGpu);
+  const Tensor w_t = rand64({32, 16}, g).to(DType::bf16).to(kGpu);
+  CHECK(!linear_act_backward(x, w_t, z_off, {}, Activation::gelu_erf, dz, hd));
+  CHECK_THROWS_WITH(
+      cuda::sm90_gemm_nn_act_backward(x, w_t, z_off, {}, Activation::gelu_erf, dz, hd),
+      doctest::Contains("the activation backward: z must be"));
+}
+
+TEST_CASE("linear_act declines the CPU and checks its arguments") {
+  Generator g(75);
+  const Tensor x = rand64({5, 8}, g), w = rand64({16, 8}, g), w2 = rand64({8, 16}, g);
+  Tensor z = Tensor::empty({5, 16}, DType::f64), hd = z.clone(), dz = z.clone();
+  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, z, hd));  // the CPU runs gemm + kernels
+  CHECK(!linear_act_backward(x, w2, z, {}, Activation::gelu_erf, dz, hd));
+  Tensor short_z = Tensor::empty({4, 16}, DType::f64);
+  CHECK_THROWS_WITH(linear_act(x, w, {}, Activation::gelu_erf, short_z, hd),
+                    doctest::Contains("[linear_act] z"));
+  CHECK_THROWS_WITH(linear_act(x, w2, {}, Activation::gelu_erf, z, hd),
+                    doctest::Contains("[linear_act] x is [5, 8] but w is [8, 16]"));
+  CHECK_THROWS_WITH(linear_act_backward(x, w, z, {}, Activation::gelu_erf, dz, hd),
+                    doctest::Contains("[linear_act_backward] dy is [5, 8] but w is [16, 8]"));
+}

@@ -13,6 +13,9 @@
 //                   plain FFN. z is rounded to T before the bias exactly as the unfused path
 //                   stores it, so hd is the value bias_act_dropout(z) gives, and the mask is
 //                   the DropoutSpec's element i = row·N + col (Note [Dropout RNG]).
+//   ActTma          the FFN's activation without dropout, two outputs through TMA stores
+//                   (Note [Activation epilogues]): forward z and hd = act(z + b1); backward
+//                   dz = dhd ⊙ act'(z + b1) and the recomputed hd, reading the saved z.
 #pragma once
 
 #include "core/cuda/types.cuh"
@@ -30,6 +33,7 @@ struct TileCtx {
   int barrier;       // named barrier id of the warpgroup
   uint8_t* scratch;  // kScratchBytes<BN> of shared memory owned by this warpgroup
   const CUtensorMap* c_map;  // C as 64×64 boxes with 128-byte swizzling (StoreCTma)
+  const CUtensorMap* c2_map;  // a second output of the same shape (ActTma), or unused
   int split = 0;             // the unit's part of K (StorePartial; Note [Split-K])
 };
 
@@ -46,6 +50,16 @@ __device__ __forceinline__ void store_pair(T* p, bool second, bool paired, float
     p[0] = from_acc<T>(v0);
     if (second) p[1] = from_acc<T>(v1);
   }
+}
+
+// Element `hi` (0: low half, 1: high half) of a bf16x2/half2 pair held as 4 bytes, as float.
+template <class T>
+__device__ __forceinline__ float unpack(uint32_t pair, int hi) {
+  const unsigned short bits = static_cast<unsigned short>(hi ? pair >> 16 : pair & 0xffffu);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  else
+    return __half2float(__ushort_as_half(bits));
 }
 
 // mask_draw without a run-time index into the block (which would put it in local memory).
@@ -317,6 +331,113 @@ struct BiasActDropout {
         g = draw_of(philox_block(mask.keys, mask.offset, u >> 3), u) >= mask.thr ? mask.scale : 0.0f;
       hd[i0 + j] = from_acc<T>(act_math::value(to_acc(z8[j]) + b, act) * g);
     }
+  }
+};
+
+// Note [Activation epilogues]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The plain FFN's activation, folded into the GEMM whose output it consumes, when there is no
+// hidden dropout (GPT's MLP; any FFN with dropout = 0):
+//   forward  (fc1, z = x·W1ᵀ):        stores z = round(acc) and hd = act(z + b1);
+//   backward (dhd = dz2·W2, reads z):  stores dz = round(round(acc) · act'(z + b1)) and the
+//                                      recomputed hd = act(z + b1) that dW2 = dz2ᵀ·hd needs.
+// The arithmetic is bias_act_dropout's and bias_act_dropout_backward's with the mask at 1
+// (the GEMM result rounded to T first, exactly as the unfused path stores it), so given the
+// same GEMM the outputs are bit-identical to the unfused pair; db1 is not summed here (the
+// layer takes it from cuBLASLt's bias-gradient epilogue on dW1 = dzᵀ·x, which reads dz
+// anyway). Each lane computes on its own accumulator fragment (no staging walk): per 64×64
+// subtile it loads the z pairs it needs straight from global memory (4-byte loads, issued
+// before the wait for the output buffers; prefetching the next subtile's as well spilled
+// registers under the 168-register cap of a 384-thread block), writes
+// both outputs into a pair of swizzled 8 KiB buffers and one thread stores them with TMA as
+// in Note [TMA store epilogue]. The ping-pong schedule runs this while the other warpgroup's
+// MMAs go on.
+template <class T, Activation A, bool kBackward>
+struct ActTma {
+  const T* z;     // backward: fc1's saved output without bias, [m, n]
+  const T* bias;  // optional [n]
+  int m, n;
+
+  template <int BN, int ROWS>
+  static constexpr int kScratchBytes = 2 * 2 * 64 * 64 * 2;  // two (out1, out2) buffer pairs
+
+  // The z pairs (bf16x2/half2 as 4 bytes) of one 64-column subtile: rows row, row + 8,
+  // columns col + 8j (+1).
+  __device__ __forceinline__ void load_z(int row, int col, uint32_t (&zr)[16]) const {
+    if constexpr (kBackward) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int c = col + 8 * j;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = row + 8 * h;
+          zr[2 * j + h] = r < m && c < n ? __ldg(reinterpret_cast<const unsigned int*>(
+                                               z + static_cast<int64_t>(r) * n + c))
+                                         : 0u;
+        }
+      }
+    }
+  }
+
+  template <int R>
+  __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
+    constexpr int kSub = R / 32;  // 64-column subtiles: R / 32 = BN / 64
+    static_assert(kSub % 2 == 0, "buffer pairs alternate within a block");
+    const int lane = t.wg_thread % 32, r = 16 * (t.wg_thread / 32) + lane / 4;
+#pragma unroll
+    for (int q = 0; q < kSub; ++q) {
+      uint8_t* buf1 = t.scratch + (q & 1) * (2 * 64 * 64 * 2);
+      uint8_t* buf2 = buf1 + 64 * 64 * 2;
+      uint32_t zr[16];
+      load_z(t.row0, t.col0 + 64 * q, zr);  // in flight while the buffers are awaited
+      if (t.wg_thread == 0) tma_store_wait_read<1>();
+      named_barrier_sync(t.barrier, 128);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = 4 * (8 * q + j);
+        const int col = t.col0 + 64 * q + 8 * j;
+        float b0 = 0.0f, b1 = 0.0f;
+        if (bias && col < n) {
+          b0 = to_acc(__ldg(bias + col));
+          b1 = to_acc(__ldg(bias + col + 1));
+        }
+        float o1[4], o2[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float g = to_acc(from_acc<T>(acc[i + e]));  // the GEMM output as stored
+          const float b = (e & 1) ? b1 : b0;
+          if constexpr (kBackward) {
+            const uint32_t pair = zr[2 * j + e / 2];
+            float val, d;
+            act_math::value_grad(unpack<T>(pair, e & 1) + b, A, val, d);
+            o1[e] = g * d;
+            o2[e] = val;
+          } else {
+            o1[e] = g;
+            o2[e] = act_math::value(g + b, A);
+          }
+        }
+        const int off = ((j ^ (r & 7)) << 4) + 4 * (lane % 4);
+        store_pair(reinterpret_cast<T*>(buf1 + r * 128 + off), true, true, o1[0], o1[1]);
+        store_pair(reinterpret_cast<T*>(buf1 + (r + 8) * 128 + off), true, true, o1[2], o1[3]);
+        store_pair(reinterpret_cast<T*>(buf2 + r * 128 + off), true, true, o2[0], o2[1]);
+        store_pair(reinterpret_cast<T*>(buf2 + (r + 8) * 128 + off), true, true, o2[2], o2[3]);
+      }
+      fence_proxy_async_smem();
+      named_barrier_sync(t.barrier, 128);
+      if (t.wg_thread == 0) {
+        tma_store_2d(t.c_map, buf1, t.cols + 64 * q, t.rows);
+        tma_store_2d(t.c2_map, buf2, t.cols + 64 * q, t.rows);
+        tma_store_commit();
+      }
+    }
+  }
+  template <int R>
+  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
+                                        TileCtx t) const {
+    tile(acc0, t);
+    t.rows += 64, t.row0 += 64;
+    tile(acc1, t);
   }
 };
 

@@ -1,0 +1,96 @@
+// kernels/cuda/gemm/sm90_gemm_act.cu — the Hopper GEMM with the FFN's activation in its
+// epilogue (kernels/cuda/gemm/sm90_gemm.h, Note [Activation epilogues]): fc1's forward and the
+// dhd product of the backward, each instantiated per activation.
+#include "kernels/cuda/gemm/kernel.cuh"
+#include "kernels/cuda/gemm/sm90_gemm.h"
+
+namespace ffn::cuda {
+
+namespace {
+
+bool aligned16(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// z (backward's input) and hd (an output) must match out: [m, n], out's dtype, contiguous and
+// 16-byte aligned; b is an optional contiguous [n] of the same dtype on the same GPU.
+void check_act_tensors(const char* what, const Tensor& out, const Tensor* z, const Tensor& hd,
+                       const Tensor& b) {
+  auto check = [&](const Tensor& t, const char* name) {
+    FFN_CHECK(t.defined() && t.is_cuda() && t.dtype() == out.dtype() && t.shape() == out.shape() &&
+                  t.is_contiguous() && aligned16(t),
+              "[sm90_gemm] ", what, ": ", name, " must be a contiguous, 16-byte aligned ",
+              shape_str(out.shape()), " ", dtype_name(out.dtype()), " tensor on the GPU, got ",
+              t.defined() ? shape_str(t.shape()) : std::string("none"), " ",
+              t.defined() ? dtype_name(t.dtype()) : "");
+  };
+  if (z) check(*z, "z");
+  check(hd, "hd");
+  if (b.defined())
+    FFN_CHECK(b.is_cuda() && b.dtype() == out.dtype() && b.dim() == 1 &&
+                  b.size(0) == out.size(1) && b.is_contiguous() && aligned16(b),
+              "[sm90_gemm] ", what, ": the bias must be a contiguous, 16-byte aligned [",
+              out.size(1), "] ", dtype_name(out.dtype()), " tensor, got ", shape_str(b.shape()),
+              " ", dtype_name(b.dtype()));
+}
+
+// Ping-pong unless asked otherwise: while one warpgroup runs the activation, the other's
+// MMAs go on (Note [Hopper GEMM ping-pong]). Never split: these products fill the GPU.
+template <bool kBackward>
+void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Tensor* z,
+             const Tensor& bias, Activation act, Sm90Schedule schedule) {
+  gemm::Tiling t;
+  t.pingpong = schedule != Sm90Schedule::cooperative;
+  t.bn = !t.pingpong && out.size(1) >= 256 ? 256 : 128;
+  const int m = static_cast<int>(out.size(0)), n = static_cast<int>(out.size(1));
+  auto typed = [&]<class T>() {
+    const T* zp = z ? static_cast<const T*>(z->data_ptr()) : nullptr;
+    const T* bp = bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr;
+    auto go = [&]<Activation A>() {
+      const gemm::ActTma<T, A, kBackward> epi{zp, bp, m, n};
+      gemm::launch_tiling<T, false, kBackward>(a, b, out, epi, t, &hd);
+    };
+    switch (act) {
+      case Activation::gelu_erf: go.template operator()<Activation::gelu_erf>(); break;
+      case Activation::gelu_tanh: go.template operator()<Activation::gelu_tanh>(); break;
+      case Activation::silu: go.template operator()<Activation::silu>(); break;
+      default: FFN_THROW("[sm90_gemm] no activation epilogue for ", activation_name(act));
+    }
+  };
+  if (out.dtype() == DType::bf16)
+    typed.template operator()<__nv_bfloat16>();
+  else
+    typed.template operator()<__half>();
+}
+
+}  // namespace
+
+bool sm90_gemm_act_supported(const Tensor& a, const Tensor& b, bool backward, Activation act,
+                             const Tensor& out) {
+  if (act != Activation::gelu_erf && act != Activation::gelu_tanh && act != Activation::silu)
+    return false;
+  if (!sm90_gemm_supported(a, b, out, false, !backward)) return false;
+  return out.size(1) % 8 == 0 && aligned16(out);
+}
+
+void sm90_gemm_nt_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
+                      Tensor& hd, Sm90Schedule schedule) {
+  FFN_CHECK(sm90_gemm_act_supported(x, w, false, act, z), "[sm90_gemm] the activation forward ",
+            "cannot run x ", shape_str(x.shape()), " ", dtype_name(x.dtype()), " · w ",
+            shape_str(w.shape()), "ᵀ -> z ", shape_str(z.shape()), " with ", activation_name(act),
+            " (sm90_gemm_act_supported says which operands it takes)");
+  check_act_tensors("the activation forward", z, nullptr, hd, b);
+  run_act<false>(x, w, z, hd, nullptr, b, act, schedule);
+}
+
+void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
+                               Activation act, Tensor& dz, Tensor& hd, Sm90Schedule schedule) {
+  FFN_CHECK(sm90_gemm_act_supported(dy, w, true, act, dz), "[sm90_gemm] the activation backward ",
+            "cannot run dy ", shape_str(dy.shape()), " ", dtype_name(dy.dtype()), " · w ",
+            shape_str(w.shape()), " -> dz ", shape_str(dz.shape()), " with ",
+            activation_name(act), " (sm90_gemm_act_supported says which operands it takes)");
+  check_act_tensors("the activation backward", dz, &z, hd, b);
+  run_act<true>(dy, w, dz, hd, &z, b, act, schedule);
+}
+
+}  // namespace ffn::cuda
