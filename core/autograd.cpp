@@ -123,6 +123,16 @@ void Var::backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const {
         on_leaf_ready(leaf_var.at(in.impl()));
   };
 
+  // Edges from nodes still to visit into each node (Note [Accumulating backward]'s sums_final).
+  std::unordered_map<Node*, int> users;
+  for (Node* node : order)
+    for (const Var& in : node->inputs)
+      if (in.defined() && in.grad_fn()) ++users[in.grad_fn().get()];
+  auto release_edges = [&](Node* node) {
+    for (const Var& in : node->inputs)
+      if (in.defined() && in.grad_fn()) --users[in.grad_fn().get()];
+  };
+
   std::unordered_map<Node*, Tensor> pending;
   pending[impl_->grad_fn.get()] = d_out.clone();
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
@@ -130,6 +140,7 @@ void Var::backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const {
     auto found = pending.find(node);
     if (found == pending.end()) {  // no gradient flowed here
       visited_node(node);
+      release_edges(node);
       continue;
     }
     FFN_CHECK(!node->released, "[backward] '", node->name(),
@@ -140,14 +151,22 @@ void Var::backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const {
     // Note [Accumulating backward]. (Pointers into an unordered_map stay valid: backward
     // adds no entries.)
     node->sums.assign(node->inputs.size(), nullptr);
+    node->sums_final.assign(node->inputs.size(), false);
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Var& in = node->inputs[i];
       if (!in.defined() || !in.requires_grad() || !in.grad_fn()) continue;
       const auto slot = pending.find(in.grad_fn().get());
-      if (slot != pending.end() && slot->second.defined()) node->sums[i] = &slot->second;
+      if (slot == pending.end() || !slot->second.defined()) continue;
+      node->sums[i] = &slot->second;
+      int own = 0;  // this node's edges into the same producer
+      for (const Var& other : node->inputs)
+        if (other.defined() && other.grad_fn() == in.grad_fn()) ++own;
+      node->sums_final[i] = users[in.grad_fn().get()] == own;
     }
     std::vector<Tensor> grads = node->backward(std::move(g_out));
+    release_edges(node);
     node->sums.clear();
+    node->sums_final.clear();
     node->release();
     node->released = true;
     FFN_CHECK(grads.size() == node->inputs.size(), "[backward] '", node->name(), "' returned ",

@@ -24,7 +24,10 @@
 // (Note [Gradient ownership]), so a node may add its gradient for input i into *sums[i] in
 // place — in the kernel that computes it, saving a pass — and return an undefined tensor
 // for i. LayerNorm does this for the residual stream (layers/functional.cpp): the residual
-// add's gradient always arrives first. sums is cleared after backward.
+// add's gradient always arrives first. sums_final[i] is true when no node left to run feeds
+// inputs[i] besides this one: the sum is complete once this node has added to it, so the
+// node may also derive what inputs[i]'s producer will need from it (Note [Residual add and
+// norm]). sums and sums_final are cleared after backward.
 #pragma once
 
 #include <functional>
@@ -93,6 +96,7 @@ class Node {
 
   std::vector<Var> inputs;  // entries may be undefined Vars (absent optional inputs)
   std::vector<Tensor*> sums;  // during backward only: Note [Accumulating backward]
+  std::vector<bool> sums_final;  // the same
   bool released = false;
 };
 

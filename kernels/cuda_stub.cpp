@@ -152,11 +152,12 @@ void sm90_attention_backward(const Tensor&, const Tensor&, const Tensor&, const 
   no_cuda("fused_attention_backward");
 }
 
-void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) {
+void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&,
+                const Tensor&, const DropoutSpec&, Tensor*) {
   no_cuda("layer_norm");
 }
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         Tensor*, Tensor*, Tensor*, bool) {
+                         Tensor*, Tensor*, Tensor*, bool, Tensor*, const DropoutSpec&) {
   no_cuda("layer_norm_backward");
 }
 

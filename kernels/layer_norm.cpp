@@ -8,6 +8,7 @@
 
 #include "core/dispatch.h"
 #include "kernels/checks.h"
+#include "kernels/dropout_add.h"
 
 namespace ffn {
 
@@ -72,6 +73,32 @@ void check_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Te
 }
 }  // namespace
 
+void add_layer_norm(const Tensor& x, const Tensor& h, const DropoutSpec& d, const Tensor& w,
+                    const Tensor& b, double eps, Tensor& a, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const char* op = mean.defined() ? "add_layer_norm" : "add_rms_norm";
+  FFN_CHECK(mean.defined() || !b.defined(), "[", op, "] RMSNorm (no mean) takes no bias");
+  check_forward(x, w, b, eps, y, mean.defined() ? &mean : nullptr, rstd, op);
+  detail::check_dropout(d, op);
+  detail::check_like(h, w, x.shape(), op, "h");
+  check_same_device(h, x, op, "h", "x");
+  detail::check_like(a, x, x.shape(), op, "a");
+  FFN_CHECK(a.is_contiguous(), "[", op, "] a must be contiguous");
+  const Tensor xc = x.contiguous(), hc = h.contiguous();
+  if (x.is_cuda()) return cuda::layer_norm(xc, w, b, eps, y, mean, rstd, hc, d, &a);
+  cpu::dropout_add(xc, hc, d, a);
+  cpu::layer_norm(a, w, b, eps, y, mean, rstd);
+}
+
+namespace {
+void check_branch(const BranchGrad* branch, const Tensor* dx, const Tensor& w, const char* op) {
+  if (!branch) return;
+  FFN_CHECK(dx && branch->dh, "[", op, "] the branch gradient needs dx and dh");
+  detail::check_like(*branch->dh, w, dx->shape(), op, "dh");
+  FFN_CHECK(branch->dh->is_contiguous(), "[", op, "] dh must be contiguous");
+  detail::check_dropout(branch->d, op);
+}
+}  // namespace
+
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                 Tensor& mean, Tensor& rstd) {
   check_forward(x, w, b, eps, y, &mean, rstd, "layer_norm");
@@ -93,24 +120,32 @@ void rms_norm(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& r
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
-                         bool accumulate_dx) {
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
+                         const BranchGrad* branch) {
   check_backward(dy, x, w, &mean, rstd, dx, dw, db, accumulate_dx, "layer_norm_backward");
+  check_branch(branch, dx, w, "layer_norm_backward");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
-    return cuda::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx);
+    return cuda::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx,
+                                     branch ? branch->dh : nullptr,
+                                     branch ? branch->d : DropoutSpec{});
   }
   cpu::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx);
+  if (branch) cpu::dropout_add_backward(*dx, branch->d, *branch->dh);
 }
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                       Tensor* dx, Tensor* dw, bool accumulate_dx) {
+                       Tensor* dx, Tensor* dw, bool accumulate_dx, const BranchGrad* branch) {
   check_backward(dy, x, w, nullptr, rstd, dx, dw, nullptr, accumulate_dx, "rms_norm_backward");
+  check_branch(branch, dx, w, "rms_norm_backward");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
-    return cuda::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx);
+    return cuda::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx,
+                                     branch ? branch->dh : nullptr,
+                                     branch ? branch->d : DropoutSpec{});
   }
   cpu::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx);
+  if (branch) cpu::dropout_add_backward(*dx, branch->d, *branch->dh);
 }
 
 }  // namespace ffn

@@ -19,23 +19,49 @@
 // Mixed precision (GPU): x (and dx) may be in acc_dtype(w) while w, b, y, dy, dw, db are in
 // w's 16-bit dtype: the residual stream of a bf16 model stays fp32 (as under PyTorch's
 // autocast) and the normalized output feeds the bf16 GEMMs. Statistics follow acc_dtype(w).
+//
+// Note [Residual add and norm]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In a pre-norm block every residual add a = x + dropout(h) (kernels/dropout_add.h) is read by
+// the next norm, so the two share their passes over memory:
+//   add_layer_norm: forward a = x + dropout(h) with dropout_add's arithmetic and mask, then
+//                   the norm of a, in one pass (x and h read once, a written and not read
+//                   back);
+//   BranchGrad:     the norm's backward, which finishes a's gradient dx (it accumulates last,
+//                   Note [Accumulating backward]), also writes dh = dropout_add_backward(dx),
+//                   the branch's gradient, so the add's backward needs no pass of its own.
+// Results equal the separate ops' bit for bit (same arithmetic, same mask bits).
 #pragma once
 
+#include "core/philox.h"
 #include "core/tensor.h"
 
 namespace ffn {
+
+// The gradient of the branch h added into the norm's input (Note [Residual add and norm]).
+struct BranchGrad {
+  Tensor* dh = nullptr;  // [M, C] in w's dtype, written (=)
+  DropoutSpec d;         // the add's dropout
+};
+
+// a = x + dropout(h), then the norm of a (mean undefined: RMSNorm, and b undefined too):
+// a, y, mean, rstd written (=). x and a in w's dtype or acc_dtype(w); h in w's dtype.
+void add_layer_norm(const Tensor& x, const Tensor& h, const DropoutSpec& d, const Tensor& w,
+                    const Tensor& b, double eps, Tensor& a, Tensor& y, Tensor& mean, Tensor& rstd);
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                 Tensor& mean, Tensor& rstd);
 // Any of dx, dw, db may be null (not needed). With accumulate_dx the gradient is added to
 // what dx holds (autograd's residual-stream sums, Note [Accumulating backward]).
+// With branch (needs dx), branch->dh = dropout_add_backward of the final dx as well.
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
-                         bool accumulate_dx = false);
+                         bool accumulate_dx = false, const BranchGrad* branch = nullptr);
 
 void rms_norm(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                       Tensor* dx, Tensor* dw, bool accumulate_dx = false);
+                       Tensor* dx, Tensor* dw, bool accumulate_dx = false,
+                       const BranchGrad* branch = nullptr);
 
 namespace cpu {
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
@@ -44,12 +70,15 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
                          const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
                          bool accumulate_dx);
 }  // namespace cpu
+// The CUDA backend fuses the add (h defined) and the branch gradient (dh set) into its
+// register-resident kernels where they run, else runs dropout_add(_backward) beside them.
 namespace cuda {
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
-                Tensor& mean, Tensor& rstd);
+                Tensor& mean, Tensor& rstd, const Tensor& h = {}, const DropoutSpec& d = {},
+                Tensor* a = nullptr);
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
-                         bool accumulate_dx);
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
+                         Tensor* dh = nullptr, const DropoutSpec& dh_d = {});
 }  // namespace cuda
 
 }  // namespace ffn

@@ -75,17 +75,32 @@ class DropoutAddNode final : public Node {
     const Tensor& y = inputs[1].value();
     Tensor dy;
     if (inputs[1].requires_grad()) {
-      dy = Tensor::empty(y.shape(), y.dtype(), y.device());
-      Tensor dy2 = as_2d(dy);
-      dropout_add_backward(as_2d(d_out), d_, dy2);
+      if (branch_.defined() && d_out.data_ptr() == branch_src_) {
+        dy = branch_;  // the norm's backward computed it (Note [Residual add and norm])
+      } else {
+        dy = Tensor::empty(y.shape(), y.dtype(), y.device());
+        Tensor dy2 = as_2d(dy);
+        dropout_add_backward(as_2d(d_out), d_, dy2);
+      }
     }
     const DType dr = inputs[0].value().dtype();
     return {dr == d_out.dtype() ? d_out : d_out.to(dr), dy};  // Note [Gradient ownership]
   }
-  void release() override {}
+  void release() override { branch_ = Tensor(); }
+
+  // For the norm that reads this add's output: whether it should write the branch gradient,
+  // and where. `src` is the final gradient sum it was derived from (the d_out to expect).
+  bool wants_branch_grad() const { return inputs[1].requires_grad(); }
+  const DropoutSpec& spec() const { return d_; }
+  void set_branch_grad(Tensor dy, const void* src) {
+    branch_ = std::move(dy);
+    branch_src_ = src;
+  }
 
  private:
   DropoutSpec d_;
+  Tensor branch_;
+  const void* branch_src_ = nullptr;
 };
 
 class AddNode final : public Node {
@@ -196,12 +211,27 @@ class LayerNormNode final : public Node {
     if (inputs[1].requires_grad()) dw = Tensor::empty(w.shape(), w.dtype(), w.device());
     if (inputs[2].defined() && inputs[2].requires_grad())
       db = Tensor::empty(w.shape(), w.dtype(), w.device());
+    // x = res + dropout(h) and this sum is final: the add's branch gradient comes out of the
+    // same pass (Note [Residual add and norm]).
+    auto* add = into_sum && sums_final[0] ? dynamic_cast<DropoutAddNode*>(inputs[0].grad_fn().get())
+                                          : nullptr;
+    Tensor dh;
+    BranchGrad branch;
+    if (add && add->wants_branch_grad() && add->inputs[1].value().dtype() == w.dtype()) {
+      const Tensor& h = add->inputs[1].value();
+      dh = Tensor::empty(h.shape(), h.dtype(), h.device());
+      branch.d = add->spec();
+    }
+    Tensor dh2 = dh.defined() ? dh.view_2d() : Tensor();
+    branch.dh = &dh2;
+    const BranchGrad* br = dh.defined() ? &branch : nullptr;
     if (rms_)
       rms_norm_backward(d_out.view_2d(), x2, w, rstd_, dx.defined() ? &dx : nullptr,
-                        dw.defined() ? &dw : nullptr, into_sum);
+                        dw.defined() ? &dw : nullptr, into_sum, br);
     else
       layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
-                          dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum);
+                          dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum, br);
+    if (br) add->set_branch_grad(dh, sum->data_ptr());
     if (dx.defined() && !into_sum) g[0] = dx.reshape(x.shape());
     g[1] = dw;
     g[2] = db;
@@ -412,6 +442,29 @@ Var layer_norm(const Var& x, const Var& w, const Var& b, double eps) {
   ffn::layer_norm(x2, w.value(), value_or_empty(b), eps, y, mean, rstd);
   return make_output(y.reshape(xv.shape()),
                      std::make_shared<LayerNormNode>(std::move(mean), std::move(rstd)), {x, w, b});
+}
+
+std::pair<Var, Var> add_layer_norm(const Var& res, const Var& h, const DropoutSpec& d, const Var& w,
+                                   const Var& b, double eps, bool rms) {
+  FFN_CHECK(res.shape() == h.shape(), "[add_layer_norm] res.shape=", shape_str(res.shape()),
+            " != h.shape=", shape_str(h.shape()));
+  const Tensor& rv = res.value();
+  FFN_CHECK(rv.dim() >= 1, "[add_layer_norm] res must have at least one dimension");
+  const Tensor r2 = as_2d(rv);
+  Tensor a = Tensor::empty(rv.shape(), rv.dtype(), rv.device());
+  Tensor a2 = as_2d(a);
+  const DType sd = acc_dtype(rv.dtype());
+  Tensor y = Tensor::empty(r2.shape(), w.value().dtype(), rv.device());  // w's dtype (mixed)
+  Tensor mean = rms ? Tensor() : Tensor::empty({r2.size(0)}, sd, rv.device());
+  Tensor rstd = Tensor::empty({r2.size(0)}, sd, rv.device());
+  ffn::add_layer_norm(r2, as_2d(h.value()), d, w.value(), rms ? Tensor() : value_or_empty(b), eps,
+                      a2, y, mean, rstd);
+  // The graph is the two ops', so their backward (and Note [Residual add and norm]) applies.
+  Var av = make_output(a, std::make_shared<DropoutAddNode>(d), {res, h});
+  Var yv = make_output(y.reshape(rv.shape()),
+                       std::make_shared<LayerNormNode>(std::move(mean), std::move(rstd)),
+                       {av, w, rms ? Var() : b});
+  return {av, yv};
 }
 
 Var rms_norm(const Var& x, const Var& w, double eps) {

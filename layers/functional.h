@@ -5,6 +5,8 @@
 // Generator (Generator::dropout) so every call gets its own mask.
 #pragma once
 
+#include <utility>
+
 #include "core/autograd.h"
 #include "core/philox.h"
 #include "layers/ffn_functional.h"
@@ -39,6 +41,12 @@ Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);
 // RMSNorm over the last dimension (kernels/layer_norm.h): x·rstd·w, rstd = 1/√(mean(x²) + eps).
 // Mixed precision as layer_norm.
 Var rms_norm(const Var& x, const Var& w, double eps = 1e-6);
+
+// {a, norm(a)} with a = dropout_add(res, h, d) and the norm layer_norm(a, w, b, eps) (rms:
+// rms_norm(a, w, eps), b ignored), computed in one pass (Note [Residual add and norm] in
+// kernels/layer_norm.h); the graph and the gradients are the two ops'.
+std::pair<Var, Var> add_layer_norm(const Var& res, const Var& h, const DropoutSpec& d, const Var& w,
+                                   const Var& b, double eps, bool rms = false);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.
 // check_targets, classes: see kernels/cross_entropy.h (classes > 0: only the first

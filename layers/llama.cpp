@@ -120,8 +120,9 @@ void LlamaBlock::check_input(const Tensor& x) const {
 Var LlamaBlock::forward_impl(const Var& x) {
   const bool drop = is_training() && dropout_ > 0.0f;
   auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
-  const Var a = fn::dropout_add(x, self_attn_.forward(input_layernorm_.forward(x)), spec());
-  return fn::dropout_add(a, mlp_.forward(post_attention_layernorm_.forward(a)), spec());
+  const auto [a, a_norm] = post_attention_layernorm_.forward_after_add(
+      x, self_attn_.forward(input_layernorm_.forward(x)), spec());  // a = x + dropout(attn)
+  return fn::dropout_add(a, mlp_.forward(a_norm), spec());
 }
 
 }  // namespace ffn

@@ -65,6 +65,12 @@ Var LayerNorm::forward_impl(const Var& x) {
   return fn::layer_norm(x, w_, b_, eps_);
 }
 
+std::pair<Var, Var> LayerNorm::forward_after_add(const Var& res, const Var& h,
+                                                 const DropoutSpec& d) {
+  check_input(res.value());
+  return fn::add_layer_norm(res, h, d, w_, b_, eps_);
+}
+
 RMSNorm::RMSNorm(int64_t dim, const ParamInit& place, double eps) : dim_(dim), eps_(eps) {
   FFN_CHECK(dim > 0, "[rms_norm] dim must be > 0, got ", dim);
   w_ = register_parameter("weight", Tensor::full({dim}, 1.0, place.dtype, place.device));
@@ -76,6 +82,11 @@ void RMSNorm::check_input(const Tensor& x) const {
 
 Var RMSNorm::forward_impl(const Var& x) {
   return fn::rms_norm(x, w_, eps_);
+}
+
+std::pair<Var, Var> RMSNorm::forward_after_add(const Var& res, const Var& h, const DropoutSpec& d) {
+  check_input(res.value());
+  return fn::add_layer_norm(res, h, d, w_, Var(), eps_, /*rms=*/true);
 }
 
 namespace {
@@ -163,8 +174,8 @@ Var TransformerBlock::forward_impl(const Var& x) {
   const bool drop = is_training() && dropout_ > 0.0f;
   auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
   const Var h = attn_.forward(ln_1_.forward(x));
-  const Var a = fn::dropout_add(x, h, spec());
-  const Var m = mlp_->forward(ln_2_.forward(a));
+  const auto [a, a_norm] = ln_2_.forward_after_add(x, h, spec());  // a = x + dropout(h)
+  const Var m = mlp_->forward(a_norm);
   return fn::dropout_add(a, m, spec());
 }
 

@@ -33,6 +33,9 @@ class Embedding : public Module {
 class LayerNorm : public Layer {
  public:
   LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps = 1e-5);
+  // {a, norm(a)} for a = res + dropout(h), the pre-norm block's residual add and this norm
+  // in one pass (fn::add_layer_norm).
+  std::pair<Var, Var> forward_after_add(const Var& res, const Var& h, const DropoutSpec& d);
 
  protected:
   void check_input(const Tensor& x) const override;
@@ -48,6 +51,8 @@ class LayerNorm : public Layer {
 class RMSNorm : public Layer {
  public:
   RMSNorm(int64_t dim, const ParamInit& place, double eps = 1e-6);
+  // As LayerNorm::forward_after_add.
+  std::pair<Var, Var> forward_after_add(const Var& res, const Var& h, const DropoutSpec& d);
 
  protected:
   void check_input(const Tensor& x) const override;

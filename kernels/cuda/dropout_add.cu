@@ -9,11 +9,6 @@ namespace ffn::cuda {
 
 namespace {
 
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
-
 // out = res + y·mask (X: the type of res/out; T: y's).
 template <class T, class X, int VEC>
 __global__ void __launch_bounds__(256)

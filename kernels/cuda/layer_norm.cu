@@ -11,6 +11,7 @@
 // sums over dy ⊙ x̂ and dy. RMSNorm (kernels/layer_norm.h) runs the same kernels with a null
 // mean: no centering, no mean term in dx.
 #include "kernels/cuda/rowwise.cuh"
+#include "kernels/dropout_add.h"
 #include "kernels/layer_norm.h"
 
 namespace ffn::cuda {
@@ -59,18 +60,31 @@ __global__ void __launch_bounds__(32 * kWarps)
 
 // The forward for the backward's common shapes (16-bit w, C % 8 == 0, C ≤ 1024, aligned
 // rows): lane l holds the 8-column vectors l, l+32, … of its row in registers, so x is read
-// once with 16-byte loads (the kernel above reads it three times, a value per load).
+// once with 16-byte loads (the kernel above reads it three times, a value per load). With h,
+// the row is first a = x + dropout(h) as dropout_add computes it, written to `a` (Note
+// [Residual add and norm]).
 template <class X, class T, class S, int K>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_forward_vec_kernel(const X* x, const T* w, const T* b, T* y, S* mean, S* rstd, int64_t m,
-                          int c, float eps) {
+                          int c, float eps, const T* h, X* a, DeviceMask mask) {
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.y;
   if (row >= m) return;
   const int lane = threadIdx.x, nv = c / 8;
   float xv[K][8];
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < nv) load_vec<8>(x + row * c + 8 * (lane + 32 * k), xv[k]);
+    if (lane + 32 * k < nv) {
+      const int64_t i0 = row * c + 8 * (lane + 32 * k);
+      load_vec<8>(x + i0, xv[k]);
+      if (h) {
+        float hv[8], f[8];
+        load_vec<8>(h + i0, hv);
+        mask.factors<8>(i0, f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) xv[k][j] = add_rn(xv[k][j], mul_rn(hv[j], f[j]));
+        store_vec<8>(a + i0, xv[k]);
+      }
+    }
   float s = 0.0f;
   if (mean)  // else RMSNorm: the mean is held at 0
 #pragma unroll
@@ -134,12 +148,13 @@ constexpr int kBwdRows = 64;       // rows per block of ln_backward_kernel
 constexpr int kBwdMaxCols = 1024;  // its column bound (registers: K = C/256 vectors of 8)
 
 // The fused backward over rows [64·block, 64·block + 64): dx (+= when accumulate; dx may be
-// null) and, when partials is set, partials[block][0, C) = Σ dy ⊙ x̂, partials[block][C, 2C) = Σ dy.
+// null) and, when partials is set, partials[block][0, C) = Σ dy ⊙ x̂, partials[block][C, 2C) = Σ dy;
+// with dh, also dh = dropout_add_backward(dx) of the final dx (Note [Residual add and norm]).
 // Lane l handles the 8-column vectors l, l+32, … (K of them at most).
 template <class X, class T, class S, int K>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
-                       bool accumulate, float* partials, int64_t m, int c) {
+                       bool accumulate, float* partials, int64_t m, int c, T* dh, DeviceMask mask) {
   __shared__ float red[2][kBwdMaxCols];
   const int warp = threadIdx.y, lane = threadIdx.x, nv = c / 8;
   float wv[K][8], aw[K][8] = {}, ab[K][8] = {};
@@ -186,6 +201,14 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
         for (int j = 0; j < 8; ++j) o[j] = prev[j] + r * (gv[k][j] * wv[k][j] - s1 - xv[k][j] * s2);
         store_vec<8>(out, o);
+        if (dh) {  // dropout_add_backward's arithmetic on the value dx holds (rounded to X)
+          const int64_t i0 = row * c + 8 * (lane + 32 * k);
+          float f[8], g[8];
+          mask.factors<8>(i0, f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) g[j] = mul_rn(to_acc(from_acc<X>(o[j])), f[j]);
+          store_vec<8>(dh + i0, g);
+        }
       }
   }
   if (!partials) return;
@@ -267,36 +290,46 @@ S* stat_ptr(const Tensor& t) {
 }  // namespace
 
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
-                Tensor& mean, Tensor& rstd) {
+                Tensor& mean, Tensor& rstd, const Tensor& h, const DropoutSpec& d, Tensor* a) {
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   const int64_t m = x.size(0), c = x.size(1);
   if (m == 0) return;
+  const bool add = h.defined();
   dispatch_mixed(x, w, "layer_norm", [&]<class X, class T>() {
     using S = acc_t<T>;
     const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
     if constexpr (sizeof(T) == 2) {
-      if (c % 8 == 0 && c <= kBwdMaxCols && reinterpret_cast<uintptr_t>(dptr<X>(x)) % 32 == 0 &&
-          can_vectorize(8, c, {dptr<T>(w), dptr<T>(b), dptr<T>(y)})) {
+      auto aligned32 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 32 == 0; };
+      if (c % 8 == 0 && c <= kBwdMaxCols && aligned32(dptr<X>(x)) &&
+          can_vectorize(8, c, {dptr<T>(w), dptr<T>(b), dptr<T>(y)}) &&
+          (!add || (aligned32(dptr<X>(*a)) && can_vectorize(8, c, {dptr<T>(h)})))) {
         with_row_vectors(c, [&]<int K>() {
           ln_forward_vec_kernel<X, T, S, K><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
               dptr<X>(x), dptr<T>(w), dptr<T>(b), dptr<T>(y), stat_ptr<S>(mean), stat_ptr<S>(rstd),
-              m, static_cast<int>(c), static_cast<float>(eps));
+              m, static_cast<int>(c), static_cast<float>(eps), add ? dptr<T>(h) : nullptr,
+              add ? dptr<X>(*a) : nullptr, DeviceMask::from(d));
         });
         FFN_CHECK_LAUNCH();
         return;
       }
     }
+    // The general kernel: the add as its own pass first.
+    const Tensor* in = &x;
+    if (add) {
+      cuda::dropout_add(x, h, d, *a);
+      in = a;
+    }
     ln_forward_kernel<X, T, S><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
-        dptr<X>(x), dptr<T>(w), dptr<T>(b), dptr<T>(y), stat_ptr<S>(mean), stat_ptr<S>(rstd), m, c,
-        static_cast<float>(eps));
+        dptr<X>(*in), dptr<T>(w), dptr<T>(b), dptr<T>(y), stat_ptr<S>(mean), stat_ptr<S>(rstd), m,
+        c, static_cast<float>(eps));
     FFN_CHECK_LAUNCH();
   });
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
-                         bool accumulate_dx) {
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
+                         Tensor* dh, const DropoutSpec& dh_d) {
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   const int64_t m = x.size(0), c = x.size(1);
@@ -306,18 +339,18 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
     const bool fused = sizeof(T) == 2 && c % 8 == 0 && c <= kBwdMaxCols && m > 0 &&
                        reinterpret_cast<uintptr_t>(dptr<X>(x)) % 32 == 0 &&
                        (!dx || reinterpret_cast<uintptr_t>(dptr<X>(dx)) % 32 == 0) &&
-                       can_vectorize(8, c, {dptr<T>(dy), dptr<T>(w)});
+                       can_vectorize(8, c, {dptr<T>(dy), dptr<T>(w), dh ? dptr<T>(*dh) : nullptr});
     if (fused) {
       if constexpr (sizeof(T) == 2) {
         const int64_t blocks = (m + kBwdRows - 1) / kBwdRows;
         Tensor partials;
         if (sums) partials = Tensor::empty({blocks * 2 * c}, DType::f32, x.device());
         with_row_vectors(c, [&]<int K>() {
-          ln_backward_kernel<X, T, S, K><<<static_cast<unsigned>(blocks), dim3(32, kWarps), 0,
-                                           stream(dev)>>>(
-              dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd),
-              dptr<X>(dx), accumulate_dx, sums ? partials.data<float>() : nullptr, m,
-              static_cast<int>(c));
+          ln_backward_kernel<X, T, S, K>
+              <<<static_cast<unsigned>(blocks), dim3(32, kWarps), 0, stream(dev)>>>(
+                  dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd),
+                  dptr<X>(dx), accumulate_dx, sums ? partials.data<float>() : nullptr, m,
+                  static_cast<int>(c), dh ? dptr<T>(*dh) : nullptr, DeviceMask::from(dh_d));
         });
         FFN_CHECK_LAUNCH();
         if (!sums) return;
@@ -337,6 +370,7 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
           dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd), dptr<X>(dx),
           accumulate_dx, m, c);
       FFN_CHECK_LAUNCH();
+      if (dh) cuda::dropout_add_backward(*dx, dh_d, *dh);  // the general path: a pass of its own
     }
     if (!sums) return;
     Tensor both = Tensor::empty({2 * c}, w.dtype(), w.device());

@@ -30,6 +30,21 @@ namespace ffn::cuda {
 
 constexpr int kRowwiseWarps = 8;
 
+// Products and sums rounded as the CPU reference rounds them (no FMA contraction): the
+// residual add (dropout_add.cu, layer_norm.cu's fused add) equals the CPU's bit for bit.
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+__device__ __forceinline__ float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rn(double a, double b) {
+  return __dadd_rn(a, b);
+}
+
 // VEC consecutive elements as one aligned access (16 bytes for VEC·sizeof(T) = 16).
 template <class T, int VEC>
 struct alignas(sizeof(T) * VEC) Pack {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/dropout_add.h"
 #include "kernels/layer_norm.h"
 #include "layers/functional.h"
 #include "tests/kernels/kernel_tests.h"
@@ -249,5 +250,124 @@ FFN_GPU_TEST("rms_norm on the GPU matches the CPU (forward, dx, dw, mixed precis
                .term_bound = 4 * std::max(max_abs(r64[i]), i == 1 && c == 1 ? dx_terms : 0.0),
                .scale = i == 1 && c == 1 ? dx_terms : 0.0});
         }
+      }
+}
+
+// Note [Residual add and norm]: add_layer_norm equals dropout_add then the norm, and the
+// norm's backward with a BranchGrad equals its plain backward then dropout_add_backward;
+// fn::add_layer_norm's gradients pass FD checks, also when `a` has a third user, a second
+// norm (one of the two norms then adds into an unfinished sum and must leave the branch
+// gradient to the add: autograd's sums_final).
+namespace {
+struct AddNormOut {
+  Tensor a, y, mean, rstd, dx, dh;
+};
+// The fused pair (fused = true) or the separate ops, forward and backward with dx added to a
+// prior sum (as autograd does for the residual stream). rms: RMSNorm (no mean, no bias).
+AddNormOut add_norm_run(bool fused, bool rms, const Tensor& x, const Tensor& h, const Tensor& w,
+                        const Tensor& b, const Tensor& dy, const Tensor& prev,
+                        const DropoutSpec& d) {
+  const int64_t m = x.size(0), c = x.size(1);
+  const Device dev = x.device();
+  const DType sd = acc_dtype(x.dtype());
+  AddNormOut o;
+  o.a = Tensor::empty({m, c}, x.dtype(), dev);
+  o.y = Tensor::empty({m, c}, w.dtype(), dev);
+  o.mean = rms ? Tensor() : Tensor::empty({m}, sd, dev);
+  o.rstd = Tensor::empty({m}, sd, dev);
+  const Tensor bb = rms ? Tensor() : b;
+  if (fused) {
+    add_layer_norm(x, h, d, w, bb, 1e-5, o.a, o.y, o.mean, o.rstd);
+  } else {
+    dropout_add(x, h, d, o.a);
+    if (rms)
+      rms_norm(o.a, w, 1e-5, o.y, o.rstd);
+    else
+      layer_norm(o.a, w, bb, 1e-5, o.y, o.mean, o.rstd);
+  }
+  o.dx = prev.clone();
+  o.dh = Tensor::empty({m, c}, h.dtype(), dev);
+  const BranchGrad branch{&o.dh, d};
+  const BranchGrad* br = fused ? &branch : nullptr;
+  if (rms)
+    rms_norm_backward(dy, o.a, w, o.rstd, &o.dx, nullptr, true, br);
+  else
+    layer_norm_backward(dy, o.a, w, o.mean, o.rstd, &o.dx, nullptr, nullptr, true, br);
+  if (!fused) dropout_add_backward(o.dx, d, o.dh);
+  return o;
+}
+}  // namespace
+
+TEST_CASE("add_layer_norm and the branch gradient equal the separate ops; FD through autograd") {
+  Generator g(41);
+  for (bool rms : {false, true})
+    for (float p : {0.0f, 0.3f}) {
+      const DropoutSpec d{p, 9, 3};
+      const Tensor x = rand64({6, 10}, g, 2.0), h = rand64({6, 10}, g), w = rand64({10}, g);
+      const Tensor b = rand64({10}, g), dy = rand64({6, 10}, g), prev = rand64({6, 10}, g);
+      const AddNormOut f = add_norm_run(true, rms, x, h, w, b, dy, prev, d);
+      const AddNormOut s = add_norm_run(false, rms, x, h, w, b, dy, prev, d);
+      CHECK(max_abs_diff(f.a, s.a) == 0.0);
+      CHECK(max_abs_diff(f.y, s.y) == 0.0);
+      CHECK(max_abs_diff(f.dx, s.dx) == 0.0);
+      CHECK(max_abs_diff(f.dh, s.dh) == 0.0);
+      // Autograd: a = x + dropout(h) feeds the norm and the next residual add (the block's
+      // shape), and in the second graph also a product that runs after the norm.
+      for (bool third_user : {false, true}) {
+        std::vector<Tensor> inputs{rand64({2, 3, 8}, g, 2.0), rand64({2, 3, 8}, g), rand64({8}, g)};
+        std::vector<std::string> names{"x", "h", "w"};
+        if (!rms) inputs.push_back(rand64({8}, g)), names.push_back("b");
+        gradcheck(
+            [&](const std::vector<Var>& in) {
+              const auto [a, y] =
+                  fn::add_layer_norm(in[0], in[1], d, in[2], rms ? Var() : in[3], 1e-5, rms);
+              Var out = fn::dropout_add(a, y, {});
+              if (third_user) out = fn::add(out, fn::layer_norm(a, in[2], Var(), 1e-5));
+              return out;
+            },
+            inputs, names);
+      }
+    }
+  const Tensor x = rand64({2, 4}, g), w = rand64({4}, g);
+  Tensor a = Tensor::empty({2, 4}, DType::f64), y = a.clone(),
+         rstd = Tensor::empty({2}, DType::f64);
+  Tensor no_mean;
+  CHECK_THROWS_WITH_AS(add_layer_norm(x, x, {}, w, w, 1e-5, a, y, no_mean, rstd),
+                       doctest::Contains("[add_rms_norm] RMSNorm (no mean) takes no bias"), Error);
+  Tensor mean = Tensor::empty({2}, DType::f64), short_h = rand64({2, 3}, g);
+  CHECK_THROWS_WITH_AS(add_layer_norm(x, short_h, {}, w, Tensor(), 1e-5, a, y, mean, rstd),
+                       doctest::Contains("[add_layer_norm] h"), Error);
+  Tensor dh = a.clone();
+  const BranchGrad branch{&dh, {}};
+  CHECK_THROWS_WITH_AS(
+      layer_norm_backward(x, x, w, mean, rstd, nullptr, nullptr, nullptr, false, &branch),
+      doctest::Contains("[layer_norm_backward] the branch gradient needs dx and dh"), Error);
+}
+
+// The GPU's fused kernels (C % 8 == 0, C <= 1024: one pass) and the general path (C = 7: the
+// add and the branch gradient as passes of their own) against the same ops run apart on the
+// GPU, bit for bit; fp32 stream with bf16 h, w, y, dy, dh.
+FFN_GPU_TEST("add_layer_norm and the branch gradient on the GPU equal the separate kernels") {
+  Generator g(42);
+  for (bool rms : {false, true})
+    for (int64_t c : {7, 384, 1024})
+      for (float p : {0.0f, 0.2f}) {
+        const int64_t m = 130;
+        const DropoutSpec d{p, 5, 77};
+        const Tensor x = rand64({m, c}, g, 2.0).to(DType::f32).to(kGpu);
+        const Tensor h = rand64({m, c}, g).to(DType::bf16).to(kGpu);
+        const Tensor w = rand64({c}, g).to(DType::bf16).to(kGpu);
+        const Tensor b = rand64({c}, g).to(DType::bf16).to(kGpu);
+        const Tensor dy = rand64({m, c}, g).to(DType::bf16).to(kGpu);
+        const Tensor prev = rand64({m, c}, g).to(DType::f32).to(kGpu);
+        const AddNormOut f = add_norm_run(true, rms, x, h, w, b, dy, prev, d);
+        const AddNormOut s = add_norm_run(false, rms, x, h, w, b, dy, prev, d);
+        std::string tag(rms ? "rms " : "ln ");
+        tag.append(std::to_string(c)).append(" p").append(std::to_string(p));
+        CHECK_MESSAGE(max_abs_diff(f.a, s.a) == 0.0, tag, ": a");
+        CHECK_MESSAGE(max_abs_diff(f.y, s.y) == 0.0, tag, ": y");
+        CHECK_MESSAGE(max_abs_diff(f.rstd, s.rstd) == 0.0, tag, ": rstd");
+        CHECK_MESSAGE(max_abs_diff(f.dx, s.dx) == 0.0, tag, ": dx");
+        CHECK_MESSAGE(max_abs_diff(f.dh, s.dh) == 0.0, tag, ": dh");
       }
 }
