@@ -117,12 +117,13 @@ void LlamaBlock::check_input(const Tensor& x) const {
             "], got ", shape_str(x.shape()));
 }
 
-Var LlamaBlock::forward_impl(const Var& x) {
+PreNormBlock::Open LlamaBlock::open_impl(const Var& x, const Var& x_norm) {
   const bool drop = is_training() && dropout_ > 0.0f;
   auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
-  const auto [a, a_norm] = post_attention_layernorm_.forward_after_add(
-      x, self_attn_.forward(input_layernorm_.forward(x)), spec());  // a = x + dropout(attn)
-  return fn::dropout_add(a, mlp_.forward(a_norm), spec());
+  const Var h = self_attn_.forward(x_norm);
+  const auto [a, a_norm] = post_attention_layernorm_.forward_after_add(x, h, spec());
+  const Var m = mlp_.forward(a_norm);
+  return {a, m, spec()};
 }
 
 }  // namespace ffn

@@ -55,13 +55,14 @@ class LlamaMLP : public Layer {
 };
 
 // x + self_attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x)).
-class LlamaBlock : public Layer {
+class LlamaBlock : public PreNormBlock {
  public:
   LlamaBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);
+  ResidualNorm& first_norm() override { return input_layernorm_; }
 
  protected:
   void check_input(const Tensor& x) const override;
-  Var forward_impl(const Var& x) override;
+  Open open_impl(const Var& x, const Var& x_norm) override;
 
  private:
   int64_t d_model_;

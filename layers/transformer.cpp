@@ -2,6 +2,7 @@
 #include "layers/transformer.h"
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "kernels/checks.h"
@@ -168,15 +169,20 @@ void TransformerBlock::check_input(const Tensor& x) const {
             "], got ", shape_str(x.shape()));
 }
 
-Var TransformerBlock::forward_impl(const Var& x) {
+Var PreNormBlock::forward_impl(const Var& x) {
+  const Open o = open_impl(x, first_norm().forward(x));
+  return fn::dropout_add(o.a, o.m, o.d);
+}
+
+PreNormBlock::Open TransformerBlock::open_impl(const Var& x, const Var& x_norm) {
   // x is the residual stream (fp32 for 16-bit models); the branches compute in the
-  // parameters' dtype, and x + dropout(branch) is one pass each way in x's dtype.
+  // parameters' dtype; each residual add shares its passes with the norm after it.
   const bool drop = is_training() && dropout_ > 0.0f;
   auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
-  const Var h = attn_.forward(ln_1_.forward(x));
+  const Var h = attn_.forward(x_norm);
   const auto [a, a_norm] = ln_2_.forward_after_add(x, h, spec());  // a = x + dropout(h)
   const Var m = mlp_->forward(a_norm);
-  return fn::dropout_add(a, m, spec());
+  return {a, m, spec()};
 }
 
 GPT::GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
@@ -252,8 +258,15 @@ Var GPT::hidden(const Tensor& ids, bool ids_in_range) {
   if (wpe_)
     x = fn::add(x, wpe_->forward(positions(ids.size(0), ids.size(1)), /*check_ids=*/false));
   x = drop_.forward(x);
-  for (auto& block : h_) x = block->forward(x);
-  return ln_f_->forward(x);
+  // Each block's last residual add runs in one pass with the norm after it: the next
+  // block's first norm, or ln_f (Note [Residual add and norm]).
+  Var x_norm = h_.front()->first_norm().forward(x);
+  for (size_t i = 0; i < h_.size(); ++i) {
+    const PreNormBlock::Open o = h_[i]->forward_open(x, x_norm);
+    ResidualNorm& next = i + 1 < h_.size() ? h_[i + 1]->first_norm() : *ln_f_;
+    std::tie(x, x_norm) = next.forward_after_add(o.a, o.m, o.d);
+  }
+  return x_norm;
 }
 
 Var GPT::forward(const Tensor& ids, bool ids_in_range) {

@@ -30,12 +30,19 @@ class Embedding : public Module {
   Var w_;
 };
 
-class LayerNorm : public Layer {
+// A norm that can take the residual add before it into its own pass (Note [Residual add and
+// norm]): forward_after_add gives {a, norm(a)} for a = res + dropout(h) (fn::add_layer_norm).
+class ResidualNorm : public Layer {
+ public:
+  virtual std::pair<Var, Var> forward_after_add(const Var& res, const Var& h,
+                                                const DropoutSpec& d) = 0;
+};
+
+class LayerNorm : public ResidualNorm {
  public:
   LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps = 1e-5);
-  // {a, norm(a)} for a = res + dropout(h), the pre-norm block's residual add and this norm
-  // in one pass (fn::add_layer_norm).
-  std::pair<Var, Var> forward_after_add(const Var& res, const Var& h, const DropoutSpec& d);
+  std::pair<Var, Var> forward_after_add(const Var& res, const Var& h,
+                                        const DropoutSpec& d) override;
 
  protected:
   void check_input(const Tensor& x) const override;
@@ -48,11 +55,11 @@ class LayerNorm : public Layer {
 };
 
 // x·w/√(mean(x²) + eps) over the last dimension (fn::rms_norm), w starting at 1.
-class RMSNorm : public Layer {
+class RMSNorm : public ResidualNorm {
  public:
   RMSNorm(int64_t dim, const ParamInit& place, double eps = 1e-6);
-  // As LayerNorm::forward_after_add.
-  std::pair<Var, Var> forward_after_add(const Var& res, const Var& h, const DropoutSpec& d);
+  std::pair<Var, Var> forward_after_add(const Var& res, const Var& h,
+                                        const DropoutSpec& d) override;
 
  protected:
   void check_input(const Tensor& x) const override;
@@ -154,13 +161,35 @@ struct GptConfig {
 };
 
 // x + attn(ln_1(x)), then x + mlp(ln_2(x)).
-class TransformerBlock : public Layer {
+// A pre-norm block, x + dropout(branch) twice, that can leave its last residual add open so
+// the model fuses it with the next norm (Note [Residual add and norm]): forward_open takes the
+// stream x and first_norm()'s output for it and returns {a, m, d}, the block's output being
+// a + dropout_d(m). forward() is forward_open plus that add.
+class PreNormBlock : public Layer {
+ public:
+  struct Open {
+    Var a, m;
+    DropoutSpec d;
+  };
+  Open forward_open(const Var& x, const Var& x_norm) {
+    check_input(x.value());
+    return open_impl(x, x_norm);
+  }
+  virtual ResidualNorm& first_norm() = 0;
+
+ protected:
+  virtual Open open_impl(const Var& x, const Var& x_norm) = 0;
+  Var forward_impl(const Var& x) override;
+};
+
+class TransformerBlock : public PreNormBlock {
  public:
   TransformerBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);
+  ResidualNorm& first_norm() override { return ln_1_; }
 
  protected:
   void check_input(const Tensor& x) const override;
-  Var forward_impl(const Var& x) override;
+  Open open_impl(const Var& x, const Var& x_norm) override;
 
  private:
   int64_t d_model_;
@@ -221,8 +250,8 @@ class GPT : public Module {
   ModuleGroup model_;                     // llama: "model"
   std::unique_ptr<Embedding> wte_, wpe_;  // no wpe for llama (rotary embeddings)
   Dropout drop_;
-  std::vector<std::unique_ptr<Layer>> h_;
-  std::unique_ptr<Layer> ln_f_;
+  std::vector<std::unique_ptr<PreNormBlock>> h_;
+  std::unique_ptr<ResidualNorm> ln_f_;
   Var lm_head_;  // untied head
   Tensor pos_cache_;
 };
