@@ -86,14 +86,6 @@ struct StoreC {
       pair(t.row0 + 8, t.col0 + 2 * i, acc[i + 2], acc[i + 3]);
     }
   }
-  // A 128-row tile held as two 64-row blocks (ping-pong).
-  template <int R>
-  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
-                                        TileCtx t) const {
-    tile(acc0, t);
-    t.rows += 64, t.row0 += 64;
-    tile(acc1, t);
-  }
 
   __device__ __forceinline__ void pair(int row, int col, float v0, float v1) const {
     if (row >= m || col >= n) return;
@@ -123,13 +115,6 @@ struct StorePartial {
       pair(part, t.row0, t.col0 + 2 * i, acc[i], acc[i + 1]);
       pair(part, t.row0 + 8, t.col0 + 2 * i, acc[i + 2], acc[i + 3]);
     }
-  }
-  template <int R>
-  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
-                                        TileCtx t) const {
-    tile(acc0, t);
-    t.rows += 64, t.row0 += 64;
-    tile(acc1, t);
   }
   __device__ __forceinline__ void pair(float* part, int row, int col, float v0, float v1) const {
     if (row >= m || col >= n) return;
@@ -192,14 +177,21 @@ struct StoreCTma {
       }
     }
   }
-  template <int R>
-  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
-                                        TileCtx t) const {
-    tile(acc0, t);
-    t.rows += 64, t.row0 += 64;
-    tile(acc1, t);
-  }
 };
+
+// A 128-row tile held as two 64-row blocks (ping-pong): the epilogue's own tile2 where it has
+// one (BiasActDropout stages both blocks before its walk), else tile() on each block.
+template <class Epi, int R>
+__device__ __forceinline__ void epilogue_tile2(const Epi& epi, const float (&acc0)[R],
+                                               const float (&acc1)[R], TileCtx t) {
+  if constexpr (requires { epi.tile2(acc0, acc1, t); }) {
+    epi.tile2(acc0, acc1, t);
+  } else {
+    epi.tile(acc0, t);
+    t.rows += 64, t.row0 += 64;
+    epi.tile(acc1, t);
+  }
+}
 
 // Before the kernel exits: the TMA stores a warpgroup's thread 0 issued have completed
 // (shared memory must outlive their reads). A no-op for epilogues that issue none.
@@ -431,13 +423,6 @@ struct ActTma {
         tma_store_commit();
       }
     }
-  }
-  template <int R>
-  __device__ __forceinline__ void tile2(const float (&acc0)[R], const float (&acc1)[R],
-                                        TileCtx t) const {
-    tile(acc0, t);
-    t.rows += 64, t.row0 += 64;
-    tile(acc1, t);
   }
 };
 

@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(384, 1)
     ctx.col0 = ctx.cols + 2 * (lane % 4);
     ctx.rows = un.tm * ML::BM;
     ctx.row0 = ctx.rows + 16 * warp + lane / 4;
-    epi.tile2(acc0, acc1, ctx);
+    epilogue_tile2(epi, acc0, acc1, ctx);
   }
   epilogue_drain(ctx);
 #endif
