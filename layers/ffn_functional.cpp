@@ -60,24 +60,19 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
   // is only below the output rounding for 16-bit types.
   const bool plain_fc1 =
       x.is_cuda() && p.w1.defined() && !cfg.gated && !cfg.recompute && !d.hidden.active();
-  bool done = false;
-  if (plain_fc1 && gemm_epilogues()) {
-    Tensor z = Tensor::empty({m, h1}, x.dtype(), x.device());
-    hd = Tensor::empty({m, h1}, x.dtype(), x.device());
-    if (linear_act(x, p.w1, p.b1, cfg.act, z, hd)) {
-      out.z = z;
-      done = true;
-    }
-  }
-  if (!done && plain_fc1 && is_half(x.dtype()) && cfg.act == Activation::gelu_tanh && h1 % 8 == 0) {
+  if (plain_fc1) {  // z and hd allocated once, for whichever of the three ways runs
     out.z = Tensor::empty({m, h1}, x.dtype(), x.device());
-    out.z_has_bias = true;
-    hd = matmul(
-        x, p.w1,
-        {.trans_b = true, .bias = p.b1, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = out.z});
-    done = true;
-  }
-  if (!done) {
+    hd = Tensor::empty({m, h1}, x.dtype(), x.device());
+    const bool own = gemm_epilogues() && linear_act(x, p.w1, p.b1, cfg.act, out.z, hd);
+    if (!own && is_half(x.dtype()) && cfg.act == Activation::gelu_tanh && h1 % 8 == 0) {
+      out.z_has_bias = true;
+      gemm(x, p.w1, hd,
+           {.trans_b = true, .bias = p.b1, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = out.z});
+    } else if (!own) {
+      gemm(x, p.w1, out.z, {.trans_b = true});
+      bias_act_dropout(out.z, p.b1, cfg.act, d.hidden, hd);
+    }
+  } else {
     const Tensor z = p.w1.defined() ? matmul(x, p.w1, {.trans_b = true}) : x;
     hd = Tensor::empty({m, hidden_width(x, p, cfg)}, x.dtype(), x.device());
     if (cfg.gated)
