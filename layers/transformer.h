@@ -104,7 +104,7 @@ class CausalSelfAttention : public Layer {
 // The token embedding and the LM head (tied or not) have padded_vocab() = vocab_size rounded
 // up to a multiple of vocab_pad_to rows (llm.c's Vp), so the LM-head GEMMs and the
 // cross-entropy run on aligned widths: 50257 → 50304 for GPT-2, whose step then takes 37%
-// less time on an H100 (67.3 → 42.2 ms, bench/RESULTS.md session 8). vocab_size stays the
+// less time on an H100 (67.3 → 42.2 ms, bench/RESULTS-2026-11-23.md session 8). vocab_size stays the
 // model's vocabulary:
 //   - the padding rows start at zero and stay zero: no id looks them up, and their logits
 //     are left out of the softmax (the loss's `classes`: fn::linear_cross_entropy, or

@@ -76,7 +76,7 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, Sm90Schedule sche
   return t;
 }
 
-// The fused fc1 epilogue: measured (bench/RESULTS.md, session 6), ping-pong wins at both FFN
+// The fused fc1 epilogue: measured (bench/RESULTS-2026-11-23.md, session 6), ping-pong wins at both FFN
 // shapes; never split.
 template <class T>
 void dispatch_fused(const Tensor& a, const Tensor& b, const Tensor& c,
