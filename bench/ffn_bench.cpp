@@ -294,10 +294,12 @@ void gemm_comparison(int device, int warmup, int iters) {
   }
 }
 
-// Note [Activation epilogues] against the unfused path, per fc1 shape (bf16): forward = fc1's
-// GEMM + bias + activation (own fused; cuBLASLt GEMM + bias_act_dropout(p = 0); the bare
-// GEMMs), backward = dhd = dz2·W2 + the activation's gradient with hd recomputed (own fused;
-// cuBLASLt GEMM + bias_act_dropout_backward with db1; the bare GEMMs). Then GPT-2's weight
+// Note [Activation epilogues] and Note [Activation warpgroup] against the unfused path, per
+// fc1 shape (bf16): forward = fc1's GEMM + bias + activation (own fused: activation
+// warpgroups, ping-pong and cooperative ActTma; cuBLASLt GEMM + bias_act_dropout(p = 0); the
+// bare GEMMs), backward = dhd = dz2·W2 + the activation's gradient with hd recomputed (own
+// fused, the activation warpgroups also with db1; cuBLASLt GEMM + bias_act_dropout_backward
+// with db1; the bare GEMMs). Then GPT-2's weight
 // gradients with the bias gradient through cuBLASLt's BGRADB against GEMM + bias_grad.
 void act_epilogue_bench(int device, int warmup, int iters) {
   const Device dev = Device::cuda(device);
@@ -324,6 +326,8 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     }
     auto t = [&](auto&& f) { return median_ms(device, warmup, iters, f); };
     using S = cuda::Sm90Schedule;
+    const double f_aw =
+        t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::act_warpgroups); });
     const double f_pp = t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::pingpong); });
     const double f_coop =
         t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::cooperative); });
@@ -333,6 +337,12 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     });
     const double f_bare_lt = t([&] { gemm(x, w1, z, {.trans_b = true}); });
     const double f_bare_ours = t([&] { cuda::sm90_gemm(x, w1, z, {.trans_b = true}); });
+    const double b_aw = t([&] {
+      cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::act_warpgroups);
+    });
+    const double b_aw_db = t([&] {
+      cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::act_warpgroups, &db1);
+    });
     const double b_pp =
         t([&] { cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::pingpong); });
     const double b_coop =
@@ -344,13 +354,14 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     const double b_bare_lt = t([&] { gemm(dz2, w2, dhd); });
     const double b_bare_ours = t([&] { cuda::sm90_gemm(dz2, w2, dhd); });
     std::printf(
-        "{\"act_epilogue\": \"%s\", \"act\": \"%s\", \"fwd_fused_ms\": %.4f, "
-        "\"fwd_fused_coop_ms\": %.4f, \"fwd_unfused_ms\": %.4f, \"fwd_bare_cublaslt_ms\": "
-        "%.4f, \"fwd_bare_ours_ms\": %.4f, \"bwd_fused_ms\": %.4f, \"bwd_fused_coop_ms\": "
-        "%.4f, \"bwd_unfused_ms\": %.4f, \"bwd_bare_cublaslt_ms\": %.4f, "
-        "\"bwd_bare_ours_ms\": %.4f}\n",
-        sh.name, activation_name(sh.act), f_pp, f_coop, f_unfused, f_bare_lt, f_bare_ours, b_pp,
-        b_coop, b_unfused, b_bare_lt, b_bare_ours);
+        "{\"act_epilogue\": \"%s\", \"act\": \"%s\", \"fwd_act_warpgroups_ms\": %.4f, "
+        "\"fwd_fused_ms\": %.4f, \"fwd_fused_coop_ms\": %.4f, \"fwd_unfused_ms\": %.4f, "
+        "\"fwd_bare_cublaslt_ms\": %.4f, \"fwd_bare_ours_ms\": %.4f, "
+        "\"bwd_act_warpgroups_ms\": %.4f, \"bwd_act_warpgroups_db_ms\": %.4f, "
+        "\"bwd_fused_ms\": %.4f, \"bwd_fused_coop_ms\": %.4f, \"bwd_unfused_ms\": %.4f, "
+        "\"bwd_bare_cublaslt_ms\": %.4f, \"bwd_bare_ours_ms\": %.4f}\n",
+        sh.name, activation_name(sh.act), f_aw, f_pp, f_coop, f_unfused, f_bare_lt, f_bare_ours,
+        b_aw, b_aw_db, b_pp, b_coop, b_unfused, b_bare_lt, b_bare_ours);
     std::fflush(stdout);
   }
   // Bias gradients: dW = dyᵀ·x with db = Σ_rows dy in the same cuBLASLt call (BGRADB)

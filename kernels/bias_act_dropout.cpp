@@ -56,14 +56,20 @@ void bias_dropout_backward(const Tensor& dy, const DropoutSpec& d, Tensor* dz, T
 }
 
 namespace {
-// Note [Activation epilogues]: only one warpgroup runs a tile's activation while the other's
-// MMAs go on, so the epilogue is hidden only behind a long enough mainloop (its cost per tile
-// is fixed, the mainloop's grows with K). Measured on an H100 (bench/RESULTS.md, session 12,
-// `ffn-bench --act-epilogues`): the forward beats GEMM + kernel from K = 1024 (ffn_d1024 0.88×,
-// ffn_d4096 0.93×) but not at K = 768 (GPT-2's fc1 1.04×); the backward, which also loads z,
-// only at K = 4096 (0.96×; 1.11× at K = 1024, 1.74× at K = 768).
-constexpr int64_t kActForwardMinK = 1024;
-constexpr int64_t kActBackwardMinK = 4096;
+// Which fused kernel, measured on an H100 (bench/RESULTS.md, session 13, `ffn-bench
+// --act-epilogues`, against GEMM + bias_act_dropout(_backward)): from K = 768 (GPT-2's fc1;
+// smaller K was not measured) the activation warpgroups' kernel (Note [Activation
+// warpgroup]) wins the forward (0.81× at K = 768, 0.80× at K = 1024) and the backward with
+// db (0.79×, 0.93×). At K = 4096 the ping-pong ActTma (Note [Activation epilogues]) hides
+// the activation behind the long mainloop: backward 0.91× (db then from a column-sum pass)
+// where the activation warpgroups' single consumer and 3-stage ring lose (1.07×); forward
+// 0.92× against their 0.90× (this rule was the one checked on the GPU).
+constexpr int64_t kActMinK = 768;
+constexpr int64_t kActTmaMinK = 4096;
+
+cuda::Sm90Schedule act_schedule(int64_t k) {
+  return k >= kActTmaMinK ? cuda::Sm90Schedule::pingpong : cuda::Sm90Schedule::act_warpgroups;
+}
 
 // Contiguous with a 16-byte aligned start: what the fused GEMMs' TMA and vector accesses need.
 bool dense16(const Tensor& t) {
@@ -82,16 +88,16 @@ bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
   detail::check_like(z, x, {x.size(0), w.size(0)}, op, "z");
   detail::check_like(hd, x, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
-  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kActForwardMinK ||
+  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kActMinK ||
       !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !dense16(hd) ||
       (b.defined() && !dense16(b)))
     return false;
-  cuda::sm90_gemm_nt_act(x, w, b, act, z, hd);
+  cuda::sm90_gemm_nt_act(x, w, b, act, z, hd, act_schedule(x.size(1)));
   return true;
 }
 
 bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
-                         Activation act, Tensor& dz, Tensor& hd) {
+                         Activation act, Tensor& dz, Tensor& hd, Tensor* db) {
   const char* op = "linear_act_backward";
   detail::check_matrix(dy, op, "dy");
   detail::check_matrix(w, op, "w");
@@ -102,11 +108,15 @@ bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
   detail::check_like(dz, dy, z.shape(), op, "dz");
   detail::check_like(hd, dy, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, dy, {w.size(1)}, op, "b");
-  if (!dy.is_cuda() || !gemm_epilogues() || dy.size(1) < kActBackwardMinK ||
+  if (db) detail::check_like(*db, dy, {w.size(1)}, op, "db");
+  if (!dy.is_cuda() || !gemm_epilogues() || dy.size(1) < kActMinK ||
       !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !dense16(z) || !dense16(hd) ||
       (b.defined() && !dense16(b)))
     return false;
-  cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, dz, hd);
+  const cuda::Sm90Schedule schedule = act_schedule(dy.size(1));
+  const bool in_kernel = schedule == cuda::Sm90Schedule::act_warpgroups;
+  cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, dz, hd, schedule, in_kernel ? db : nullptr);
+  if (db && !in_kernel) bias_grad(dz, *db);
   return true;
 }
 

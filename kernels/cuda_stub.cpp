@@ -137,7 +137,7 @@ void sm90_gemm_nt_act(const Tensor&, const Tensor&, const Tensor&, Activation, T
   no_cuda("sm90_gemm");
 }
 void sm90_gemm_nn_act_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               Activation, Tensor&, Tensor&, Sm90Schedule) {
+                               Activation, Tensor&, Tensor&, Sm90Schedule, Tensor*) {
   no_cuda("sm90_gemm");
 }
 

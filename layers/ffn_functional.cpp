@@ -108,8 +108,9 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   check_same_dtype(dy, x, "ffn_backward", "dy", "x");
   FfnGrads g;
 
-  // On the GPU in 16 bits with gemm_epilogues(), bias gradients come from cuBLASLt's BGRADB
-  // epilogue on the weight-gradient product, which reads the same rows (gemm's bgrad_a).
+  // On the GPU in 16 bits with gemm_epilogues(), db2 comes from cuBLASLt's BGRADB epilogue on
+  // dW2's product, which reads the same rows (gemm's bgrad_a), and db1 from the fused
+  // activation backward (linear_act_backward) where it runs.
   const bool epi = dy.is_cuda() && is_half(dy.dtype()) && gemm_epilogues();
 
   // fc2: dz2 = dropout_o'(dy), db2 fused into that pass (or into dW2's product).
@@ -142,9 +143,9 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   if (p.b1.defined()) g.db1 = Tensor::empty({h1}, x.dtype(), x.device());
   Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
-  const bool fused = epi && p.w2.defined() && p.w1.defined() && !cfg.gated && !d.hidden.active() &&
-                     linear_act_backward(dz2, p.w2, z, b1, cfg.act, dz, hd);
-  const bool db1_in_dw1 = fused && p.b1.defined();
+  const bool fused =
+      epi && p.w2.defined() && p.w1.defined() && !cfg.gated && !d.hidden.active() &&
+      linear_act_backward(dz2, p.w2, z, b1, cfg.act, dz, hd, p.b1.defined() ? &g.db1 : nullptr);
   if (!fused) {
     const Tensor dhd = p.w2.defined() ? matmul(dz2, p.w2) : dz2;
     Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;
@@ -161,9 +162,7 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
     g.dw2 = matmul(dz2, hd, a2);
   }
   if (p.w1.defined()) {
-    GemmArgs a1{.trans_a = true};
-    if (db1_in_dw1) a1.epilogue = GemmEpilogue::bgrad_a, a1.bias_grad = g.db1;
-    g.dw1 = matmul(dz, x, a1);
+    g.dw1 = matmul(dz, x, {.trans_a = true});
     if (need_dx) g.dx = matmul(dz, p.w1);
   } else if (need_dx) {
     g.dx = dz;

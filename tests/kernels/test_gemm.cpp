@@ -465,9 +465,13 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
     for (DType dt : {DType::bf16, DType::f16})
       for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu})
         for (cuda::Sm90Schedule sched :
-             {cuda::Sm90Schedule::pingpong, cuda::Sm90Schedule::cooperative}) {
+             {cuda::Sm90Schedule::act_warpgroups, cuda::Sm90Schedule::pingpong,
+              cuda::Sm90Schedule::cooperative}) {
           const int64_t m = dm[0], n = dm[1], k = dm[2];
           const bool bias = n != 264;  // one shape without a bias
+          const bool aw = sched == cuda::Sm90Schedule::act_warpgroups;
+          // The activation warpgroups' kernel runs 128×128 tiles like the ping-pong GEMM.
+          const cuda::Sm90Schedule ref_sched = aw ? cuda::Sm90Schedule::pingpong : sched;
           const Tensor x = rand64({m, k}, g).to(dt).to(kGpu),
                        w1 = rand64({n, k}, g).to(dt).to(kGpu);
           const Tensor dy = rand64({m, k}, g).to(dt).to(kGpu),
@@ -475,14 +479,16 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
           const Tensor b = bias ? rand64({n}, g).to(dt).to(kGpu) : Tensor();
           const std::string what =
               std::string("activation epilogue ") + dtype_name(dt) + " " + activation_name(act) +
-              (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : " cooperative") + " m" +
-              std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+              (aw                                      ? " act_warpgroups"
+               : sched == cuda::Sm90Schedule::pingpong ? " ping-pong"
+                                                       : " cooperative") +
+              " m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
           // Forward: z is the plain product (same kernel shape, same accumulation), hd is
           // bias_act_dropout of that z.
           Tensor z = Tensor::full({m, n}, NAN, dt, kGpu), hd = z.clone();
           cuda::sm90_gemm_nt_act(x, w1, b, act, z, hd, sched);
           Tensor z_ref = Tensor::full({m, n}, NAN, dt, kGpu), hd_ref = z_ref.clone();
-          cuda::sm90_gemm(x, w1, z_ref, {.trans_b = true, .schedule = sched});
+          cuda::sm90_gemm(x, w1, z_ref, {.trans_b = true, .schedule = ref_sched});
           CHECK_MESSAGE(equal_and_written(z, z_ref), what, ": z");
           bias_act_dropout(z_ref, b, act, {}, hd_ref);
           CHECK_MESSAGE(equal_and_written(hd, hd_ref), what, ": hd");
@@ -490,22 +496,44 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
           Tensor dz = Tensor::full({m, n}, NAN, dt, kGpu), hd2 = dz.clone();
           cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, dz, hd2, sched);
           Tensor dhd = Tensor::full({m, n}, NAN, dt, kGpu);
-          cuda::sm90_gemm(dy, w2, dhd, {.schedule = sched});
+          cuda::sm90_gemm(dy, w2, dhd, {.schedule = ref_sched});
           Tensor dz_ref = Tensor::full({m, n}, NAN, dt, kGpu), hd2_ref = dz_ref.clone();
           bias_act_dropout_backward(dhd, z, b, act, {}, dz_ref, nullptr, &hd2_ref);
           CHECK_MESSAGE(equal_and_written(dz, dz_ref), what, ": dz");
           CHECK_MESSAGE(equal_and_written(hd2, hd2_ref), what, ": recomputed hd");
+          if (!aw) continue;
+          // db from the activation warpgroup's per-tile partials: Σ_rows of the stored dz
+          // within fp32 accumulation plus one rounding to dt, the same bits on a second run.
+          Tensor db = Tensor::full({n}, NAN, dt, kGpu), db_again = db.clone();
+          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, dz, hd2, sched, &db);
+          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, dz, hd2, sched, &db_again);
+          CHECK_MESSAGE(equal_and_written(dz, dz_ref), what, ": dz with db");
+          CHECK_MESSAGE(equal_and_written(db, db_again), what, ": db run to run");
+          const auto dzv = dz_ref.to_vector(), dbv = db.to_vector();
+          const double unit = dt == DType::bf16 ? 0x1p-8 : 0x1p-11;
+          int bad = 0;
+          for (int64_t c = 0; c < n; ++c) {
+            double sum = 0, mag = 0;
+            for (int64_t r = 0; r < m; ++r) sum += dzv[r * n + c], mag += std::abs(dzv[r * n + c]);
+            if (!(std::abs(dbv[c] - sum) <= unit * std::abs(sum) + 0x1p-23 * m * mag)) ++bad;
+          }
+          CHECK_MESSAGE(bad == 0, what, ": db off Σ_rows dz in ", bad, " of ", n, " columns");
         }
-  // The front doors take the Hopper path for 16-bit operands with a long enough K (4096 runs
-  // both directions) and decline f32 and short K (the caller then runs gemm +
+  // The front doors take the Hopper path for 16-bit operands with a long enough K (768: the
+  // activation warpgroups, db in the kernel; 4096: the ping-pong ActTma, db from a
+  // column-sum pass) and decline f32 and short K (the caller then runs gemm +
   // bias_act_dropout); a mismatched output is an error naming the op.
-  {
-    const Tensor xl = rand64({64, 4096}, g).to(DType::bf16).to(kGpu);
-    const Tensor wl = rand64({16, 4096}, g).to(DType::bf16).to(kGpu);
-    const Tensor wl2 = rand64({4096, 16}, g).to(DType::bf16).to(kGpu);
-    Tensor zl = Tensor::empty({64, 16}, DType::bf16, kGpu), hl = zl.clone(), dzl = zl.clone();
+  for (int64_t kl : {768, 4096}) {
+    const Tensor xl = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
+    const Tensor wl = rand64({136, kl}, g).to(DType::bf16).to(kGpu);
+    const Tensor wl2 = rand64({kl, 136}, g).to(DType::bf16).to(kGpu);
+    Tensor zl = Tensor::empty({200, 136}, DType::bf16, kGpu), hl = zl.clone(), dzl = zl.clone();
+    Tensor dbl = Tensor::full({136}, NAN, DType::bf16, kGpu), db_ref = dbl.clone();
     CHECK(linear_act(xl, wl, {}, Activation::gelu_erf, zl, hl));
-    CHECK(linear_act_backward(xl, wl2, zl, {}, Activation::gelu_erf, dzl, hl));
+    CHECK(linear_act_backward(xl, wl2, zl, {}, Activation::gelu_erf, dzl, hl, &dbl));
+    bias_grad(dzl, db_ref);
+    check_close(dbl, db_ref, 1e-6 * 200, 0x1p-7,
+                "linear_act_backward db, K = " + std::to_string(kl));
   }
   const Tensor x = rand64({64, 32}, g).to(DType::bf16).to(kGpu);
   const Tensor w = rand64({16, 32}, g).to(DType::bf16).to(kGpu);
@@ -524,6 +552,18 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
   CHECK_THROWS_WITH(
       cuda::sm90_gemm_nn_act_backward(x, w_t, z_off, {}, Activation::gelu_erf, dz, hd),
       doctest::Contains("the activation backward: z must be"));
+  Tensor db = Tensor::empty({16}, DType::bf16, kGpu),
+         db_short = Tensor::empty({8}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(cuda::sm90_gemm_nn_act_backward(x, w_t, z, {}, Activation::gelu_erf, dz, hd,
+                                                    cuda::Sm90Schedule::pingpong, &db),
+                    doctest::Contains("sums db only with the act_warpgroups schedule"));
+  CHECK_THROWS_WITH(cuda::sm90_gemm_nn_act_backward(x, w_t, z, {}, Activation::gelu_erf, dz, hd,
+                                                    cuda::Sm90Schedule::act_warpgroups, &db_short),
+                    doctest::Contains("db must be a contiguous [16] bf16"));
+  Tensor c = Tensor::empty({64, 16}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(
+      cuda::sm90_gemm(x, w, c, {.trans_b = true, .schedule = cuda::Sm90Schedule::act_warpgroups}),
+      doctest::Contains("act_warpgroups schedule is for the activation epilogues only"));
 }
 
 TEST_CASE("linear_act declines the CPU and checks its arguments") {

@@ -335,15 +335,16 @@ struct BiasActDropout {
 //                                      recomputed hd = act(z + b1) that dW2 = dz2ᵀ·hd needs.
 // The arithmetic is bias_act_dropout's and bias_act_dropout_backward's with the mask at 1
 // (the GEMM result rounded to T first, exactly as the unfused path stores it), so given the
-// same GEMM the outputs are bit-identical to the unfused pair; db1 is not summed here (the
-// layer takes it from cuBLASLt's bias-gradient epilogue on dW1 = dzᵀ·x, which reads dz
-// anyway). Each lane computes on its own accumulator fragment (no staging walk): per 64×64
-// subtile it loads the z pairs it needs straight from global memory (4-byte loads, issued
-// before the wait for the output buffers; prefetching the next subtile's as well spilled
-// registers under the 168-register cap of a 384-thread block), writes
-// both outputs into a pair of swizzled 8 KiB buffers and one thread stores them with TMA as
-// in Note [TMA store epilogue]. The ping-pong schedule runs this while the other warpgroup's
-// MMAs go on.
+// same GEMM the outputs are bit-identical to the unfused pair; db1 is not summed here
+// (linear_act_backward adds a column-sum pass). Each lane computes on its own accumulator fragment
+// (no staging walk): per 64×64 subtile it loads the z pairs it needs straight from global memory
+// (4-byte loads, issued before the wait for the output buffers; prefetching the next subtile's as
+// well spilled registers under the 168-register cap of a 384-thread block), writes both outputs
+// into a pair of swizzled 8 KiB buffers and one thread stores them with TMA as in Note [TMA store
+// epilogue]. The ping-pong schedule runs this while the other warpgroup's MMAs go on, which hides
+// it only behind a long mainloop (the layers use it for the backward from K = 4096); below that,
+// the same arithmetic runs on warpgroups of its own (Note [Activation warpgroup],
+// act_warpgroup.cuh).
 template <class T, Activation A, bool kBackward>
 struct ActTma {
   const T* z;     // backward: fc1's saved output without bias, [m, n]

@@ -1,6 +1,7 @@
 // kernels/cuda/gemm/kernel.cuh — the Hopper GEMM kernels composed from their pieces: the
 // mainloop (mainloop.cuh), the tile scheduler (tile_scheduler.cuh) and an epilogue
-// (epilogue.cuh), in the cooperative and ping-pong schedules, and the host side that builds
+// (epilogue.cuh), in the cooperative and ping-pong schedules, plus the kernel whose
+// activation runs on warpgroups of its own (act_warpgroup.cuh), and the host side that builds
 // the TMA tensor maps, sizes the shared-memory ring and launches a persistent grid. Included
 // by the .cu files that instantiate it for their epilogues (sm90_gemm.cu: plain products,
 // split-K and the dropout fc1; sm90_gemm_act.cu: the activation epilogues).
@@ -9,11 +10,13 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 #include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "kernels/cuda/gemm/act_warpgroup.cuh"
 #include "kernels/cuda/gemm/epilogue.cuh"
 #include "kernels/cuda/gemm/mainloop.cuh"
 #include "kernels/cuda/gemm/tensor_map.h"
@@ -147,6 +150,61 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
+// Note [Activation warpgroup]'s kernel: 128×128 tiles, one consumer warpgroup, A K-major (x
+// or dz2), B K-major in the forward (W1 as [h, d]) and MN-major in the backward (W2 as
+// [d, h]). tc: z or dz; tc2: hd; tz: the saved z (backward).
+template <class T, int STAGES, Activation A, bool kBackward>
+__global__ void __launch_bounds__(512, 1)
+    gemm_act_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                    const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
+                    const __grid_constant__ CUtensorMap tz, TileScheduler sched,
+                    ActWarpgroup<T, A, kBackward> act) {
+#if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
+  using ML = Mainloop<T, 128, STAGES, 4, false, kBackward>;
+  using SH = ActShared<kBackward>;
+  extern __shared__ uint8_t smem_raw[];
+  const ML ml = ML::carve(smem_raw, SH::kBytes);
+  const SH sh = SH::carve(ml.scratch);
+  if (threadIdx.x == 0) {
+    prefetch_tensor_map(&ta);
+    prefetch_tensor_map(&tb);
+    sh.init_barriers();
+    ml.init_barriers();  // ends with fence_barrier_init
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    regs_dealloc<40>();
+    if (threadIdx.x == 0) {
+      if constexpr (kBackward)
+        ml.produce(&ta, &tb, sched, [&](int j, const Unit& u) { sh.load_z(&tz, j, u); });
+      else
+        ml.produce(&ta, &tb, sched);
+    }
+  } else if (wg == 1) {
+    regs_alloc<232>();
+    const int wg_thread = threadIdx.x % 128;
+    int stage = 0;
+    uint32_t phase = 0;
+    float acc0[64], acc1[64];
+    int j = 0;
+    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+      const Unit un = sched.unit(u);
+      ml.consume_tile(acc0, acc1, un.kbs, stage, phase);
+      const int b = j & 1;
+      if (j >= 2) named_barrier_sync(SH::empty_barrier(b), SH::kHandoff);  // tile j - 2's read
+      stage_block<T>(acc0, sh.staged(b), 0, wg_thread);
+      stage_block<T>(acc1, sh.staged(b), 1, wg_thread);
+      fence_proxy_async_smem();  // the forward's z leaves by TMA straight from here
+      named_barrier_arrive(SH::full_barrier(b), SH::kHandoff);
+    }
+  } else {
+    regs_dealloc<120>();
+    act.run(wg - 2, sh, sched, &tc, &tc2);
+  }
+#endif
+}
+
 // A row-major [rows, cols] operand as boxes of box_rows rows × 64 columns (tensor_map.h).
 inline CUtensorMap tensor_map(const Tensor& t, int box_rows) {
   return tensor_map_2d(t, box_rows, "sm90_gemm");
@@ -224,6 +282,37 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
     launch<T, 256, stages_for<Epi, 256, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits, c2);
   else
     launch<T, 128, stages_for<Epi, 128, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits, c2);
+}
+
+// Note [Activation warpgroup]: forward (a = x, b = W1 [h, d]: out = z) or backward (a = dz2,
+// b = W2 [d, h], z the saved z: out = dz); hd the second output.
+// db_part (backward, optional): [tiles_m, n] fp32 column sums of dz per 128-row tile.
+template <class T, Activation A, bool kBackward>
+void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
+                const Tensor* z, const T* bias, float* db_part = nullptr) {
+  constexpr int kStage = 2 * 128 * 64 * 2;
+  constexpr int kStages =
+      std::min(6, (232448 - 1024 - 256 - ActShared<kBackward>::kBytes) / kStage);
+  static_assert(kStages >= 3, "the activation warpgroup's tiles leave too little of a ring");
+  using ML = Mainloop<T, 128, kStages, 4, false, kBackward>;
+  const int dev = a.device().index;
+  DeviceGuard guard(dev);
+  const int m = static_cast<int>(out.size(0)), n = static_cast<int>(out.size(1));
+  const int k = static_cast<int>(a.size(1));
+  const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, kBackward ? 64 : 128);
+  const CUtensorMap tc = tensor_map(out, 64), tc2 = tensor_map(hd, 64);
+  const CUtensorMap tz = z ? tensor_map(*z, 64) : CUtensorMap{};
+  const TileScheduler sched{(m + 127) / 128, (n + 127) / 128, (k + 63) / 64, 1};
+  auto kernel = gemm_act_kernel<T, kStages, A, kBackward>;
+  const int smem = ML::smem_bytes(ActShared<kBackward>::kBytes);
+  static std::once_flag once[8];
+  std::call_once(once[dev % 8], [&] {
+    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  });
+  const int grid = std::min(sched.num_units(), properties(dev).multiProcessorCount);
+  kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, tz, sched,
+                                           ActWarpgroup<T, A, kBackward>{bias, n, db_part});
+  FFN_CHECK_CUDA(cudaGetLastError());
 }
 
 }  // namespace ffn::cuda::gemm

@@ -133,6 +133,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives at named barrier `id` without waiting (release): the producer side of a handoff
+// whose consumer side calls named_barrier_sync with the same thread count.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // --- registers ----------------------------------------------------------------------------
 template <int R>
 __device__ __forceinline__ void regs_dealloc() {

@@ -154,6 +154,8 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
               "[sm90_gemm] bias must be a contiguous [", n, "] ", dtype_name(c.dtype()),
               " tensor on the GPU, got ", shape_str(args.bias.shape()), " ",
               dtype_name(args.bias.dtype()));
+  FFN_CHECK(args.schedule != Sm90Schedule::act_warpgroups,
+            "[sm90_gemm] the act_warpgroups schedule is for the activation epilogues only");
   const bool tma = args.tma_store && n % 8 == 0 && gemm::aligned16(c.data_ptr());
   FFN_CHECK(args.splits >= 0, "[sm90_gemm] splits must be >= 0 (0: automatic), got ", args.splits);
   // A is MN-major when transposed; B is K-major when transposed ([n, k] rows of K).
@@ -184,6 +186,8 @@ void sm90_gemm_nt_bias_act_dropout(const Tensor& x, const Tensor& w, const Tenso
   for (const Tensor* t : {static_cast<const Tensor*>(&hd), static_cast<const Tensor*>(z), &b})
     FFN_CHECK(!t || !t->defined() || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0,
               "[sm90_gemm] the fused fc1 epilogue needs 16-byte aligned hd, z and bias");
+  FFN_CHECK(schedule != Sm90Schedule::act_warpgroups,
+            "[sm90_gemm] the act_warpgroups schedule is for the activation epilogues only");
   FFN_CHECK(sm90_gemm_supported(x, w, hd, false, true),
             "[sm90_gemm] the fused fc1 cannot run x ", shape_str(x.shape()), " ",
             dtype_name(x.dtype()), ", w ", shape_str(w.shape()), " -> hd ", shape_str(hd.shape()));

@@ -16,8 +16,11 @@ namespace ffn::cuda {
 
 // How consumer warpgroups share tiles: cooperative (both on one 128-row tile; Note [Hopper
 // GEMM pipeline]) or ping-pong (one tile each, alternating; Note [Hopper GEMM ping-pong]).
-// automatic: the measured choice (sm90_gemm.cu, dispatch).
-enum class Sm90Schedule : uint8_t { automatic, cooperative, pingpong };
+// automatic: the measured choice (sm90_gemm.cu, dispatch). act_warpgroups, for the
+// activation epilogues only: one consumer and two warpgroups that run the activation (Note
+// [Activation warpgroup]); there cooperative and ping-pong run it on the consumers'
+// accumulators (ActTma, Note [Activation epilogues]).
+enum class Sm90Schedule : uint8_t { automatic, cooperative, pingpong, act_warpgroups };
 
 struct Sm90GemmArgs {
   bool trans_a = false;
@@ -59,8 +62,12 @@ bool sm90_gemm_act_supported(const Tensor& a, const Tensor& b, bool backward, Ac
                              const Tensor& out);
 void sm90_gemm_nt_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
                       Tensor& hd, Sm90Schedule schedule = Sm90Schedule::automatic);
+// automatic is act_warpgroups. db (optional, [n]): Σ_rows dz in the same kernel, from
+// per-128-row-tile fp32 partials summed in a fixed order (deterministic, independent of the
+// grid; Note [Activation warpgroup]); act_warpgroups (or automatic) only.
 void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
                                Activation act, Tensor& dz, Tensor& hd,
-                               Sm90Schedule schedule = Sm90Schedule::automatic);
+                               Sm90Schedule schedule = Sm90Schedule::automatic,
+                               Tensor* db = nullptr);
 
 }  // namespace ffn::cuda

@@ -8,6 +8,17 @@ namespace ffn::cuda {
 
 namespace {
 
+// db = Σ_t part[t] over the tile rows t in order (Note [Activation warpgroup]), rounded to T.
+template <class T>
+__global__ void column_partials_reduce_kernel(const float* __restrict__ part, int tiles, int n,
+                                              T* __restrict__ db) {
+  const int col = blockIdx.x * blockDim.x + threadIdx.x;
+  if (col >= n) return;
+  float s = 0.0f;
+  for (int t = 0; t < tiles; ++t) s += part[static_cast<int64_t>(t) * n + col];
+  db[col] = from_acc<T>(s);
+}
+
 bool aligned16(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
@@ -34,19 +45,34 @@ void check_act_tensors(const char* what, const Tensor& out, const Tensor* z, con
               " ", dtype_name(b.dtype()));
 }
 
-// Ping-pong unless asked otherwise: while one warpgroup runs the activation, the other's
-// MMAs go on (Note [Hopper GEMM ping-pong]). Never split: these products fill the GPU.
+// The activation on warpgroups of its own (Note [Activation warpgroup]; automatic too), or
+// with the cooperative and ping-pong schedules on the consumers' accumulators (ActTma, Note
+// [Activation epilogues]). Never split: these products fill the GPU.
 template <bool kBackward>
 void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Tensor* z,
-             const Tensor& bias, Activation act, Sm90Schedule schedule) {
+             const Tensor& bias, Activation act, Sm90Schedule schedule, Tensor* db = nullptr) {
   gemm::Tiling t;
-  t.pingpong = schedule != Sm90Schedule::cooperative;
+  t.pingpong = schedule == Sm90Schedule::pingpong;
   t.bn = !t.pingpong && out.size(1) >= 256 ? 256 : 128;
   const int m = static_cast<int>(out.size(0)), n = static_cast<int>(out.size(1));
   auto typed = [&]<class T>() {
     const T* zp = z ? static_cast<const T*>(z->data_ptr()) : nullptr;
     const T* bp = bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr;
     auto go = [&]<Activation A>() {
+      if (schedule == Sm90Schedule::automatic || schedule == Sm90Schedule::act_warpgroups) {
+        Tensor part;
+        if (db) part = Tensor::empty({(m + 127) / 128, n}, DType::f32, out.device());
+        gemm::launch_act<T, A, kBackward>(a, b, out, hd, z, bp,
+                                          db ? static_cast<float*>(part.data_ptr()) : nullptr);
+        if (db) {
+          const int dev = out.device().index;
+          column_partials_reduce_kernel<T><<<(n + 255) / 256, 256, 0, stream(dev)>>>(
+              static_cast<const float*>(part.data_ptr()), static_cast<int>(part.size(0)), n,
+              static_cast<T*>(db->data_ptr()));
+          FFN_CHECK_CUDA(cudaGetLastError());
+        }
+        return;
+      }
       const gemm::ActTma<T, A, kBackward> epi{zp, bp, m, n};
       gemm::launch_tiling<T, false, kBackward>(a, b, out, epi, t, &hd);
     };
@@ -84,13 +110,23 @@ void sm90_gemm_nt_act(const Tensor& x, const Tensor& w, const Tensor& b, Activat
 }
 
 void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
-                               Activation act, Tensor& dz, Tensor& hd, Sm90Schedule schedule) {
+                               Activation act, Tensor& dz, Tensor& hd, Sm90Schedule schedule,
+                               Tensor* db) {
   FFN_CHECK(sm90_gemm_act_supported(dy, w, true, act, dz), "[sm90_gemm] the activation backward ",
             "cannot run dy ", shape_str(dy.shape()), " ", dtype_name(dy.dtype()), " · w ",
             shape_str(w.shape()), " -> dz ", shape_str(dz.shape()), " with ",
             activation_name(act), " (sm90_gemm_act_supported says which operands it takes)");
   check_act_tensors("the activation backward", dz, &z, hd, b);
-  run_act<true>(dy, w, dz, hd, &z, b, act, schedule);
+  if (db) {
+    FFN_CHECK(schedule == Sm90Schedule::automatic || schedule == Sm90Schedule::act_warpgroups,
+              "[sm90_gemm] the activation backward sums db only with the act_warpgroups schedule");
+    FFN_CHECK(db->defined() && db->is_cuda() && db->dtype() == dz.dtype() && db->dim() == 1 &&
+                  db->size(0) == dz.size(1) && db->is_contiguous(),
+              "[sm90_gemm] the activation backward: db must be a contiguous [", dz.size(1), "] ",
+              dtype_name(dz.dtype()), " tensor on the GPU, got ",
+              db->defined() ? shape_str(db->shape()) : std::string("none"));
+  }
+  run_act<true>(dy, w, dz, hd, &z, b, act, schedule, db);
 }
 
 }  // namespace ffn::cuda

@@ -1,0 +1,293 @@
+// kernels/cuda/gemm/act_warpgroup.cuh — the pieces of the Hopper GEMM whose activation
+// epilogue runs on warpgroups of its own (Note [Activation warpgroup]): the shared-memory
+// tiles and barriers that hand a tile from the consumer warpgroup to them (ActShared), the
+// consumer's side (stage_block: the rounded accumulators into a staged tile) and the
+// activation warpgroups' loop (ActWarpgroup). kernel.cuh composes them with the mainloop and
+// the tile scheduler into gemm_act_kernel.
+#pragma once
+
+#include "core/cuda/types.cuh"
+#include "kernels/activation.h"
+#include "kernels/cuda/gemm/epilogue.cuh"  // store_pair, unpack
+#include "kernels/cuda/gemm/sm90.cuh"
+#include "kernels/cuda/gemm/tile_scheduler.cuh"
+
+namespace ffn::cuda::gemm {
+
+// Note [Activation warpgroup]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Note [Activation epilogues]' arithmetic, moved off the warpgroup that runs the MMAs. At
+// GPT-2's fc1 (K = 768) a 128×128 tile's mainloop is about 5 us, and the activation of its
+// 16384 outputs (erf GELU: ~30 instructions an element, its derivative as well in the
+// backward: ~46) did not fit behind the other warpgroup's mainloop when the ping-pong
+// consumers ran it on their accumulators (ActTma: 1.04× GEMM + kernel forward, 1.74×
+// backward), nor with one warpgroup of its own (ncu: it issued one instruction in three
+// cycles, the consumers waited for its buffers). A CTA here has four warpgroups:
+//   0  producer: TMA loads of the A/B ring; in the backward also each tile's saved z into
+//      zin[j % 2], once the tile's A/B loads are issued;
+//   1  the consumer: every tile's mainloop (128×128, both 64-row halves), then it only
+//      rounds the accumulators to T (exactly the GEMM's stored output) into staged[j % 2],
+//      in TMA's 64×64 swizzled boxes, and goes on to the next tile (its MMAs idle only
+//      while it stages, instead of while an activation runs);
+//   2, 3  activation warpgroups: warpgroup 2 + c owns the tile's column block c (64
+//      columns, both row boxes). Per tile it reads its boxes of staged[j % 2] (and zin) with
+//      16-byte accesses, computes the outputs, writes them back in place and stores them
+//      with TMA; forward: z straight from staged (before hd overwrites a box, its z store
+//      has finished reading it), then hd; backward: dz over the staged dhd, hd over z, and
+//      db's partial for its 64 columns.
+// Two warps of activation per SM sub-partition hide each other's latency (gpt2's fc1 on an
+// H100: forward 0.170 ms against 0.210 for GEMM + kernel and 0.120 for the bare GEMM,
+// backward with db1 0.235 against 0.296 and 0.120; bench/RESULTS.md session 13). Handoffs:
+//   staged[b] full   named barrier 4 + b over 384 threads: the consumer's threads arrive
+//                    (bar.arrive, release) after writing and fencing the tile, the activation
+//                    warpgroups sync on it before reading;
+//   staged[b] empty  named barrier 6 + b: the activation warpgroups arrive once their
+//                    stores have read the buffer (thread 0 of each waits for them, then its
+//                    warpgroup syncs; done when tile j + 1 has been staged, so the stores
+//                    drained meanwhile), the consumer syncs on it before staging tile j + 2;
+//                    used only between two tiles of a buffer, so no arrival is left pending;
+//   zin[b]           mbarriers: z_full[b] (the producer's expect_tx plus the TMA bytes) and
+//                    z_empty[b] (count 2: thread 0 of each activation warpgroup, with the
+//                    empty arrival above; the producer waits on it).
+// Named barriers rather than mbarriers for the staged tiles: every thread's own arrive orders
+// its shared-memory accesses (compute-sanitizer's racecheck follows that; with one thread's
+// mbarrier arrive after a warpgroup barrier it reported hazards).
+// Registers (setmaxnreg, 512 threads, 128 each at entry): producer 40, consumer 232 (its 128
+// accumulators), activation 120. db: each tile's column sums of the rounded dz over its 128
+// rows go to a [tiles_m, n] fp32 workspace in a fixed order (a thread's 8 rows of the two
+// row boxes, lanes ^8 and ^16, then warps 0, 1, 2, 3), and a second kernel sums the tile rows
+// in order: deterministic and independent of the grid, no atomics. The outputs are
+// bit-identical to the cooperative ActTma's and to the GEMM followed by
+// bias_act_dropout(_backward) with p = 0.
+template <bool kBackward>
+struct ActShared {
+  static constexpr int kBoxBytes = 64 * 64 * 2;       // one 64×64 box of 16-bit elements
+  static constexpr int kTileBytes = 4 * kBoxBytes;    // a 128×128 tile: boxes (rb, cb) at 2rb + cb
+  static constexpr int kBuffers = kBackward ? 4 : 2;  // staged[2] (+ zin[2])
+  static constexpr int kRedBytes = kBackward ? 2 * 3 * 64 * 4 : 0;  // db: [2][warps 1-3][64]
+  static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes + 4 * 8;
+  static constexpr int kHandoff = 384;  // the consumer's and both activation warpgroups' threads
+
+  uint8_t* base;     // staged[0], staged[1] (, zin[0], zin[1], red), then the barriers
+  uint64_t* z_full;  // [2]
+  uint64_t* z_empty;
+  // Named barrier ids (0 is __syncthreads): activation warpgroup c's own 2 + c, the handoffs
+  // of buffer b 4 + b (full) and 6 + b (empty).
+  __device__ static int act_barrier(int c) { return 2 + c; }
+  __device__ static int full_barrier(int b) { return 4 + b; }
+  __device__ static int empty_barrier(int b) { return 6 + b; }
+
+  // p: kBytes of shared memory, 1024-byte aligned (TMA's 128-byte swizzle).
+  __device__ static ActShared carve(uint8_t* p) {
+    ActShared s;
+    s.base = p;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(p + kBuffers * kTileBytes + kRedBytes);
+    s.z_full = bars;
+    s.z_empty = bars + 2;
+    return s;
+  }
+  // Computed, not indexed (an indexed member array would live in local memory).
+  __device__ uint8_t* staged(int b) const { return base + b * kTileBytes; }
+  __device__ uint8_t* zin(int b) const { return base + (2 + b) * kTileBytes; }
+  // Activation warpgroup c's db scratch: [warps 1-3][64 columns] floats.
+  __device__ float* red(int c) const {
+    return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * 3 * 64;
+  }
+  // One thread, before the kernel's fence_barrier_init.
+  __device__ void init_barriers() const {
+    mbar_init(z_full, 1);
+    mbar_init(z_full + 1, 1);
+    mbar_init(z_empty, 2);
+    mbar_init(z_empty + 1, 2);
+  }
+
+  // The producer thread, after issuing tile j's A/B loads (backward only): tile j's saved z
+  // into zin[j % 2], once the activation warpgroups are done with the tile two before it.
+  __device__ void load_z(const CUtensorMap* tz, int j, const Unit& u) const {
+    const int b = j & 1;
+    mbar_wait(&z_empty[b], ((j >> 1) & 1) ^ 1);
+    mbar_arrive_expect_tx(&z_full[b], kTileBytes);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      tma_load_2d(zin(b) + q * kBoxBytes, tz, &z_full[b], 128 * u.tn + 64 * (q & 1),
+                  128 * u.tm + 64 * (q >> 1));
+  }
+};
+
+// The consumer's 64-row block rb (0, 1) of a 128×128 tile, rounded to T, into the
+// staged tile in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): a store
+// instruction's eight rows hit eight different chunks). acc in wgmma.cuh's layout.
+template <class T, int R>
+__device__ __forceinline__ void stage_block(const float (&acc)[R], uint8_t* tile, int rb,
+                                            int wg_thread) {
+  static_assert(R == 64, "a 64×128 accumulator block");
+  const int lane = wg_thread % 32, r = 16 * (wg_thread / 32) + lane / 4;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    uint8_t* box = tile + (2 * rb + q) * (64 * 64 * 2);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int i = 4 * (8 * q + j);
+      const int off = ((j ^ (r & 7)) << 4) + 4 * (lane % 4);
+      store_pair(reinterpret_cast<T*>(box + r * 128 + off), true, true, acc[i], acc[i + 1]);
+      store_pair(reinterpret_cast<T*>(box + (r + 8) * 128 + off), true, true, acc[i + 2],
+                 acc[i + 3]);
+    }
+  }
+}
+
+// The activation warpgroups (2 + c for column block c). out1 is z (forward) or dz
+// (backward), out2 hd; bias optional [n], n % 8 == 0.
+template <class T, Activation A, bool kBackward>
+struct ActWarpgroup {
+  const T* bias;
+  int n;
+  // Backward, optional: db's per-tile-row partials, [tiles_m, n] fp32 (Note [Activation
+  // warpgroup]: column sums of the rounded dz over a tile's 128 rows).
+  float* db_part = nullptr;
+
+  // Eight elements' biases (zeros past n or without a bias).
+  __device__ __forceinline__ void load_bias(int col, float (&bv)[8]) const {
+    if (bias && col < n) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(bias + col));
+      const T* bt = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bv[e] = to_acc(bt[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) bv[e] = 0.0f;
+    }
+  }
+
+  // Activation warpgroup c (0, 1): for every tile of the CTA, its two boxes (rb = 0, 1; cb = c).
+  __device__ void run(int c, const ActShared<kBackward>& sh, const TileScheduler& sched,
+                      const CUtensorMap* out1, const CUtensorMap* out2) const {
+    using SH = ActShared<kBackward>;
+    const int t = threadIdx.x % 128;
+    const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
+    const int own = SH::act_barrier(c);
+    int j = 0;
+    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+      const Unit un = sched.unit(u);
+      const int b = j & 1;
+      const int rows = 128 * un.tm, col = 128 * un.tn + 64 * c;  // the column block's
+      uint8_t* st = sh.staged(b);
+      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
+      if (j > 0) release(c, sh, j - 1, u - static_cast<int>(gridDim.x), sched);
+      if constexpr (kBackward) mbar_wait(&sh.z_full[b], (j >> 1) & 1);
+      if (!kBackward && t == 0) {  // z leaves as the GEMM rounded it, one group per box
+#pragma unroll
+        for (int rb = 0; rb < 2; ++rb) {
+          tma_store_2d(out1, st + (2 * rb + c) * SH::kBoxBytes, col, rows + 64 * rb);
+          tma_store_commit();
+        }
+      }
+      float bv[8];
+      load_bias(col + 8 * ch, bv);
+      float dsum[8];  // backward: this thread's column sums over the block's rows
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dsum[e] = 0.0f;
+#pragma unroll 1
+      for (int rb = 0; rb < 2; ++rb) {
+        uint8_t* box = st + (2 * rb + c) * SH::kBoxBytes;
+        uint8_t* zbox = kBackward ? sh.zin(b) + (2 * rb + c) * SH::kBoxBytes : nullptr;
+        uint4 o1[4], o2[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = r0 + 16 * i;
+          const int off = r * 128 + ((ch ^ (r & 7)) << 4);
+          const uint4 graw = *reinterpret_cast<const uint4*>(box + off);
+          const T* g = reinterpret_cast<const T*>(&graw);
+          T* p1 = reinterpret_cast<T*>(&o1[i]);
+          T* p2 = reinterpret_cast<T*>(&o2[i]);
+          if constexpr (kBackward) {
+            const uint4 zraw = *reinterpret_cast<const uint4*>(zbox + off);
+            const T* zt = reinterpret_cast<const T*>(&zraw);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              float val, d;
+              act_math::value_grad(to_acc(zt[e]) + bv[e], A, val, d);
+              p1[e] = from_acc<T>(to_acc(g[e]) * d);
+              p2[e] = from_acc<T>(val);
+              dsum[e] += to_acc(p1[e]);
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              p2[e] = from_acc<T>(act_math::value(to_acc(g[e]) + bv[e], A));
+          }
+        }
+        if constexpr (!kBackward) {
+          // Box rb's z store has read it: of the groups committed so far (z of rows 0 and 64,
+          // then hd of rows 0 when rb = 1) at most the one after it may be pending.
+          if (t == 0) tma_store_wait_read<1>();
+          named_barrier_sync(own, 128);
+        } else if (db_part && rb == 1) {
+          // The block's sums: over the lanes with the same chunk (lane ^ 8, ^ 16: rows r0 of
+          // the warp), then warps 1-3 leave theirs in shared memory for warp 0, which adds
+          // them after the barrier below, always in warp order.
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            dsum[e] += __shfl_xor_sync(0xffffffffu, dsum[e], 8);
+            dsum[e] += __shfl_xor_sync(0xffffffffu, dsum[e], 16);
+          }
+          if (t >= 32 && t % 32 < 8) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sh.red(c)[(t / 32 - 1) * 64 + 8 * ch + e] = dsum[e];
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = r0 + 16 * i;
+          const int off = r * 128 + ((ch ^ (r & 7)) << 4);
+          if constexpr (kBackward) {
+            *reinterpret_cast<uint4*>(box + off) = o1[i];
+            *reinterpret_cast<uint4*>(zbox + off) = o2[i];
+          } else {
+            *reinterpret_cast<uint4*>(box + off) = o2[i];
+          }
+        }
+        fence_proxy_async_smem();
+        named_barrier_sync(own, 128);
+        if (kBackward && db_part && rb == 1 && t < 8 && col + 8 * t < n) {
+          const float* red = sh.red(c) + 8 * t;
+          float v[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = ((dsum[e] + red[e]) + red[64 + e]) + red[128 + e];
+          float4* dst =
+              reinterpret_cast<float4*>(db_part + static_cast<int64_t>(un.tm) * n + col + 8 * t);
+          dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+          dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+        if (t == 0) {
+          if constexpr (kBackward) {
+            tma_store_2d(out1, box, col, rows + 64 * rb);
+            tma_store_2d(out2, zbox, col, rows + 64 * rb);
+          } else {
+            tma_store_2d(out2, box, col, rows + 64 * rb);
+          }
+          tma_store_commit();
+        }
+      }
+    }
+    if (threadIdx.x % 128 == 0) tma_store_wait_all();
+  }
+
+  // Tile j's (unit u's) buffers go back once its stores have read them. Called when tile
+  // j + 1 has been staged: the stores had the wait for it to drain, and the consumer needs
+  // the buffer only for tile j + 2.
+  __device__ void release(int c, const ActShared<kBackward>& sh, int j, int u,
+                          const TileScheduler& sched) const {
+    using SH = ActShared<kBackward>;
+    const int b = j & 1;
+    if (threadIdx.x % 128 == 0) {
+      tma_store_wait_read<0>();
+      if constexpr (kBackward) mbar_arrive(&sh.z_empty[b]);
+    }
+    named_barrier_sync(SH::act_barrier(c), 128);
+    if (u + 2 * static_cast<int>(gridDim.x) < sched.num_units())  // the consumer stages j + 2 there
+      named_barrier_arrive(SH::empty_barrier(b), SH::kHandoff);
+  }
+};
+
+}  // namespace ffn::cuda::gemm
