@@ -342,7 +342,7 @@ struct BiasActDropout {
 // well spilled registers under the 168-register cap of a 384-thread block), writes both outputs
 // into a pair of swizzled 8 KiB buffers and one thread stores them with TMA as in Note [TMA store
 // epilogue]. The ping-pong schedule runs this while the other warpgroup's MMAs go on, which hides
-// it only behind a long mainloop (the layers use it for the backward from K = 4096); below that,
+// it only behind a long mainloop (the layers use it from K = 4096); below that,
 // the same arithmetic runs on warpgroups of its own (Note [Activation warpgroup],
 // act_warpgroup.cuh).
 template <class T, Activation A, bool kBackward>
