@@ -55,10 +55,10 @@ namespace ffn::cuda::gemm {
 // Registers (setmaxnreg, 512 threads, 128 each at entry): producer 40, consumer 232 (its 128
 // accumulators), activation 120. db: each tile's column sums of the rounded dz over its 128
 // rows go to a [tiles_m, n] fp32 workspace in a fixed order (a thread's 8 rows of the two
-// row boxes, lanes ^8 and ^16, then warps 0, 1, 2, 3), and a second kernel sums the tile rows
-// in order: deterministic and independent of the grid, no atomics. The outputs are
-// bit-identical to the cooperative ActTma's and to the GEMM followed by
-// bias_act_dropout(_backward) with p = 0.
+// row boxes, lanes ^8 and ^16, then warps 0, 1, 2, 3), and reduce_partials (Note
+// [Deterministic column sums], stage 2) sums the tile rows in a fixed order: deterministic
+// and independent of the grid, no atomics. The outputs are bit-identical to the cooperative
+// ActTma's and to the GEMM followed by bias_act_dropout(_backward) with p = 0.
 template <bool kBackward>
 struct ActShared {
   static constexpr int kBoxBytes = 64 * 64 * 2;       // one 64×64 box of 16-bit elements

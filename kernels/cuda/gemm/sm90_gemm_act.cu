@@ -8,17 +8,6 @@ namespace ffn::cuda {
 
 namespace {
 
-// db = Σ_t part[t] over the tile rows t in order (Note [Activation warpgroup]), rounded to T.
-template <class T>
-__global__ void column_partials_reduce_kernel(const float* __restrict__ part, int tiles, int n,
-                                              T* __restrict__ db) {
-  const int col = blockIdx.x * blockDim.x + threadIdx.x;
-  if (col >= n) return;
-  float s = 0.0f;
-  for (int t = 0; t < tiles; ++t) s += part[static_cast<int64_t>(t) * n + col];
-  db[col] = from_acc<T>(s);
-}
-
 bool aligned16(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
@@ -64,11 +53,12 @@ void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Te
         if (db) part = Tensor::empty({(m + 127) / 128, n}, DType::f32, out.device());
         gemm::launch_act<T, A, kBackward>(a, b, out, hd, z, bp,
                                           db ? static_cast<float*>(part.data_ptr()) : nullptr);
-        if (db) {
+        if (db) {  // the tile rows' partials summed as Note [Deterministic column sums]' stage 2
           const int dev = out.device().index;
-          column_partials_reduce_kernel<T><<<(n + 255) / 256, 256, 0, stream(dev)>>>(
-              static_cast<const float*>(part.data_ptr()), static_cast<int>(part.size(0)), n,
-              static_cast<T*>(db->data_ptr()));
+          reduce_partials_kernel<float, T>
+              <<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, stream(dev)>>>(
+                  static_cast<const float*>(part.data_ptr()), part.size(0), n,
+                  static_cast<T*>(db->data_ptr()));
           FFN_CHECK_CUDA(cudaGetLastError());
         }
         return;
