@@ -31,12 +31,19 @@ Activation parse_activation(const std::string& s);
 
 namespace act_math {
 
-// exp and a/b; on the GPU the float versions use the hardware units (__expf: relative
-// error ~2⁻²¹·(2 + 1.2|x|); __fdividef: 2 ulp), which the fused kernels need to stay
-// memory-bound. Every use below is a sigmoid 1/(1 + e), where these errors stay relative.
+// exp and a/b; on the GPU the float versions use the hardware units: ex2.approx and
+// rcp.approx, as __expf (relative error ~2⁻²¹·(2 + 1.2|x|)) and __fdividef (2 ulp) do, but
+// in their .ftz forms: without it each call also carries the denormal range fix-ups (a
+// compare and two predicated multiplies per exp, four more instructions per reciprocal),
+// which the activation warpgroups of the fused GEMM spend their time on (Note [Activation
+// warpgroup]). A result below 2⁻¹²⁶ (an exp of x < -87, a quotient by more than 2¹²⁶)
+// becomes 0. Every use below is a sigmoid 1/(1 + e) or an erfc tail, where the errors stay
+// relative.
 FFN_HD float exp_(float x) {
 #if defined(__CUDA_ARCH__)
-  return __expf(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896340736f));
+  return y;
 #else
   return expf(x);
 #endif
@@ -46,7 +53,9 @@ FFN_HD double exp_(double x) {
 }
 FFN_HD float div_(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return __fdividef(a, b);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return a * r;
 #else
   return a / b;
 #endif
