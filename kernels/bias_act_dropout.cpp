@@ -56,20 +56,16 @@ void bias_dropout_backward(const Tensor& dy, const DropoutSpec& d, Tensor* dz, T
 }
 
 namespace {
-// Which fused kernel, measured on an H100 (bench/RESULTS.md, session 13, `ffn-bench
-// --act-epilogues`, against GEMM + bias_act_dropout(_backward)): from K = 768 (GPT-2's fc1;
-// smaller K was not measured) the activation warpgroups' kernel (Note [Activation
-// warpgroup]) wins the forward (0.81× at K = 768, 0.80× at K = 1024) and the backward with
-// db (0.79×, 0.93×). At K = 4096 the ping-pong ActTma (Note [Activation epilogues]) hides
-// the activation behind the long mainloop: backward 0.91× (db then from a column-sum pass)
-// where the activation warpgroups' single consumer and 3-stage ring lose (1.07×); forward
-// 0.92× against their 0.90× (this rule was the one checked on the GPU).
+// When the fused kernels run, measured on an H100 (bench/RESULTS.md, sessions 13 and 14,
+// `ffn-bench --act-epilogues`, against GEMM + bias_act_dropout(_backward)): from K = 768
+// (GPT-2's fc1; smaller K was not measured) the activation warpgroups' kernel (Note
+// [Activation warpgroup]) wins the forward and the backward with db at every measured
+// shape (session 14: gpt2 0.87× and 0.84×, ffn_d1024 0.77× and 0.79×, ffn_d4096 0.96× and
+// 0.90×). Until session 14 the ping-pong ActTma (Note [Activation epilogues]) ran from
+// K = 4096; with the activation warpgroups' backward on a 5-stage ring it is slower there
+// too (forward 1.76 against 1.67 ms, backward 2.04 + a column-sum pass against 1.85).
 constexpr int64_t kActMinK = 768;
-constexpr int64_t kActTmaMinK = 4096;
-
-cuda::Sm90Schedule act_schedule(int64_t k) {
-  return k >= kActTmaMinK ? cuda::Sm90Schedule::pingpong : cuda::Sm90Schedule::act_warpgroups;
-}
+constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 
 // Contiguous with a 16-byte aligned start: what the fused GEMMs' TMA and vector accesses need.
 bool dense16(const Tensor& t) {
@@ -92,7 +88,7 @@ bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
       !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !dense16(hd) ||
       (b.defined() && !dense16(b)))
     return false;
-  cuda::sm90_gemm_nt_act(x, w, b, act, z, hd, act_schedule(x.size(1)));
+  cuda::sm90_gemm_nt_act(x, w, b, act, z, hd, kActSchedule);
   return true;
 }
 
@@ -113,10 +109,7 @@ bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
       !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !dense16(z) || !dense16(hd) ||
       (b.defined() && !dense16(b)))
     return false;
-  const cuda::Sm90Schedule schedule = act_schedule(dy.size(1));
-  const bool in_kernel = schedule == cuda::Sm90Schedule::act_warpgroups;
-  cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, dz, hd, schedule, in_kernel ? db : nullptr);
-  if (db && !in_kernel) bias_grad(dz, *db);
+  cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, dz, hd, kActSchedule, db);  // db in kernel
   return true;
 }
 

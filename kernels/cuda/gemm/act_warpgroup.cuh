@@ -23,21 +23,28 @@ namespace ffn::cuda::gemm {
 // consumers ran it on their accumulators (ActTma: 1.04× GEMM + kernel forward, 1.74×
 // backward), nor with one warpgroup of its own (ncu: it issued one instruction in three
 // cycles, the consumers waited for its buffers). A CTA here has four warpgroups:
-//   0  producer: TMA loads of the A/B ring; in the backward also each tile's saved z into
-//      zin[j % 2], once the tile's A/B loads are issued;
+//   0  producer: TMA loads of the A/B ring;
 //   1  the consumer: every tile's mainloop (128×128, both 64-row halves), then it only
 //      rounds the accumulators to T (exactly the GEMM's stored output) into staged[j % 2],
 //      in TMA's 64×64 swizzled boxes, and goes on to the next tile (its MMAs idle only
 //      while it stages, instead of while an activation runs);
 //   2, 3  activation warpgroups: warpgroup 2 + c owns the tile's column block c (64
-//      columns, both row boxes). Per tile it reads its boxes of staged[j % 2] (and zin) with
-//      16-byte accesses, computes the outputs, writes them back in place and stores them
-//      with TMA; forward: z straight from staged (before hd overwrites a box, its z store
-//      has finished reading it), then hd; backward: dz over the staged dhd, hd over z, and
-//      db's partial for its 64 columns.
+//      columns, both row boxes). Per tile it reads its boxes of staged[j % 2] with 16-byte
+//      accesses, computes the outputs, writes them back in place and stores them with TMA;
+//      forward: z straight from staged (before hd overwrites a box, its z store has
+//      finished reading it), then hd; backward: dz over the staged dhd and db's partial for
+//      its 64 columns, with the saved z read from global memory into registers a box ahead
+//      (prefetched into L2 two tiles ahead) and hd written from registers. The backward
+//      first loaded z by TMA into two more tiles of shared memory; that left its ring 3
+//      stages instead of 5, and ncu showed the consumer waiting on its A/B loads for about a
+//      third of its time (backward with db1, that version → this one, session 14, separate
+//      calls: ffn_d1024 0.367 → 0.351 ms, ffn_d4096 2.20 → 1.82, gpt2 0.231 → 0.237).
 // Two warps of activation per SM sub-partition hide each other's latency (gpt2's fc1 on an
-// H100: forward 0.170 ms against 0.210 for GEMM + kernel and 0.120 for the bare GEMM,
-// backward with db1 0.235 against 0.296 and 0.120; bench/RESULTS.md session 13). Handoffs:
+// H100, session 14: forward 0.167 ms against 0.192 for GEMM + kernel and 0.117 for the bare
+// GEMM, backward with db1 0.237 against 0.285 and 0.117; ffn_d4096's backward 1.82 against
+// 2.02 and 1.66; bench/RESULTS.md). At gpt2's K = 768 the forward is bound by the consumer
+// (its mainloop, then staging with the MMAs idle) and the backward by the activation
+// warpgroups (the consumer waits for the staged buffer). Handoffs:
 //   staged[b] full   named barrier 4 + b over 384 threads: the consumer's threads arrive
 //                    (bar.arrive, release) after writing and fencing the tile, the activation
 //                    warpgroups sync on it before reading;
@@ -45,10 +52,7 @@ namespace ffn::cuda::gemm {
 //                    stores have read the buffer (thread 0 of each waits for them, then its
 //                    warpgroup syncs; done when tile j + 1 has been staged, so the stores
 //                    drained meanwhile), the consumer syncs on it before staging tile j + 2;
-//                    used only between two tiles of a buffer, so no arrival is left pending;
-//   zin[b]           mbarriers: z_full[b] (the producer's expect_tx plus the TMA bytes) and
-//                    z_empty[b] (count 2: thread 0 of each activation warpgroup, with the
-//                    empty arrival above; the producer waits on it).
+//                    used only between two tiles of a buffer, so no arrival is left pending.
 // Named barriers rather than mbarriers for the staged tiles: every thread's own arrive orders
 // its shared-memory accesses (compute-sanitizer's racecheck follows that; with one thread's
 // mbarrier arrive after a warpgroup barrier it reported hazards).
@@ -61,16 +65,14 @@ namespace ffn::cuda::gemm {
 // ActTma's and to the GEMM followed by bias_act_dropout(_backward) with p = 0.
 template <bool kBackward>
 struct ActShared {
-  static constexpr int kBoxBytes = 64 * 64 * 2;       // one 64×64 box of 16-bit elements
-  static constexpr int kTileBytes = 4 * kBoxBytes;    // a 128×128 tile: boxes (rb, cb) at 2rb + cb
-  static constexpr int kBuffers = kBackward ? 4 : 2;  // staged[2] (+ zin[2])
+  static constexpr int kBoxBytes = 64 * 64 * 2;     // one 64×64 box of 16-bit elements
+  static constexpr int kTileBytes = 4 * kBoxBytes;  // a 128×128 tile: boxes (rb, cb) at 2rb + cb
+  static constexpr int kBuffers = 2;                // staged[2]
   static constexpr int kRedBytes = kBackward ? 2 * 3 * 64 * 4 : 0;  // db: [2][warps 1-3][64]
-  static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes + 4 * 8;
+  static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes;
   static constexpr int kHandoff = 384;  // the consumer's and both activation warpgroups' threads
 
-  uint8_t* base;     // staged[0], staged[1] (, zin[0], zin[1], red), then the barriers
-  uint64_t* z_full;  // [2]
-  uint64_t* z_empty;
+  uint8_t* base;  // staged[0], staged[1] (, red)
   // Named barrier ids (0 is __syncthreads): activation warpgroup c's own 2 + c, the handoffs
   // of buffer b 4 + b (full) and 6 + b (empty).
   __device__ static int act_barrier(int c) { return 2 + c; }
@@ -81,36 +83,13 @@ struct ActShared {
   __device__ static ActShared carve(uint8_t* p) {
     ActShared s;
     s.base = p;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(p + kBuffers * kTileBytes + kRedBytes);
-    s.z_full = bars;
-    s.z_empty = bars + 2;
     return s;
   }
   // Computed, not indexed (an indexed member array would live in local memory).
   __device__ uint8_t* staged(int b) const { return base + b * kTileBytes; }
-  __device__ uint8_t* zin(int b) const { return base + (2 + b) * kTileBytes; }
   // Activation warpgroup c's db scratch: [warps 1-3][64 columns] floats.
   __device__ float* red(int c) const {
     return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * 3 * 64;
-  }
-  // One thread, before the kernel's fence_barrier_init.
-  __device__ void init_barriers() const {
-    mbar_init(z_full, 1);
-    mbar_init(z_full + 1, 1);
-    mbar_init(z_empty, 2);
-    mbar_init(z_empty + 1, 2);
-  }
-
-  // The producer thread, after issuing tile j's A/B loads (backward only): tile j's saved z
-  // into zin[j % 2], once the activation warpgroups are done with the tile two before it.
-  __device__ void load_z(const CUtensorMap* tz, int j, const Unit& u) const {
-    const int b = j & 1;
-    mbar_wait(&z_empty[b], ((j >> 1) & 1) ^ 1);
-    mbar_arrive_expect_tx(&z_full[b], kTileBytes);
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      tma_load_2d(zin(b) + q * kBoxBytes, tz, &z_full[b], 128 * u.tn + 64 * (q & 1),
-                  128 * u.tm + 64 * (q >> 1));
   }
 };
 
@@ -136,15 +115,19 @@ __device__ __forceinline__ void stage_block(const float (&acc)[R], uint8_t* tile
   }
 }
 
-// The activation warpgroups (2 + c for column block c). out1 is z (forward) or dz
-// (backward), out2 hd; bias optional [n], n % 8 == 0.
+// The activation warpgroups (2 + c for column block c). out1 (TMA) is z (forward) or dz
+// (backward); hd goes out through out2 (TMA, forward) or the hd pointer (backward); bias
+// optional [n], n % 8 == 0.
 template <class T, Activation A, bool kBackward>
 struct ActWarpgroup {
   const T* bias;
-  int n;
+  int m, n;
   // Backward, optional: db's per-tile-row partials, [tiles_m, n] fp32 (Note [Activation
   // warpgroup]: column sums of the rounded dz over a tile's 128 rows).
   float* db_part = nullptr;
+  // Backward: the saved z (read) and hd (written), contiguous [m, n], 16-byte aligned.
+  const T* z = nullptr;
+  T* hd = nullptr;
 
   // Eight elements' biases (zeros past n or without a bias).
   __device__ __forceinline__ void load_bias(int col, float (&bv)[8]) const {
@@ -159,6 +142,22 @@ struct ActWarpgroup {
     }
   }
 
+  // The backward's 16-byte chunk of z or hd at (row, col), or null outside [m, n) (n % 8 == 0).
+  __device__ __forceinline__ int64_t chunk(int row, int col) const {
+    return row < m && col < n ? static_cast<int64_t>(row) * n + col : -1;
+  }
+
+  // Backward: this thread's z chunks of row box rb of unit un's column block c (rows
+  // r0 + 16i), zeros outside [m, n).
+  __device__ __forceinline__ void load_z(const Unit& un, int c, int rb, int r0, int ch,
+                                         uint4 (&zz)[4]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t at = chunk(128 * un.tm + 64 * rb + r0 + 16 * i, 128 * un.tn + 64 * c + 8 * ch);
+      zz[i] = at >= 0 ? __ldg(reinterpret_cast<const uint4*>(z + at)) : uint4{};
+    }
+  }
+
   // Activation warpgroup c (0, 1): for every tile of the CTA, its two boxes (rb = 0, 1; cb = c).
   __device__ void run(int c, const ActShared<kBackward>& sh, const TileScheduler& sched,
                       const CUtensorMap* out1, const CUtensorMap* out2) const {
@@ -166,15 +165,35 @@ struct ActWarpgroup {
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
     const int own = SH::act_barrier(c);
+    // Backward: z of row box 0 and 1 in registers, one box ahead: box rb of the next tile is
+    // loaded as soon as box rb of this one is computed, so each load has a box's work to land
+    // (the activation warpgroups are the bound at small K, where a load waited for in place
+    // would add its whole latency to every tile). Two arrays selected by rb: an array indexed
+    // by the loop's rb would live in local memory.
+    uint4 z0[4], z1[4];
+    if constexpr (kBackward) {
+      if (static_cast<int>(blockIdx.x) < sched.num_units()) {
+        const Unit first = sched.unit(blockIdx.x);
+        load_z(first, c, 0, r0, ch, z0);
+        load_z(first, c, 1, r0, ch, z1);
+      }
+    }
     int j = 0;
     for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
       const Unit un = sched.unit(u);
       const int b = j & 1;
       const int rows = 128 * un.tm, col = 128 * un.tn + 64 * c;  // the column block's
       uint8_t* st = sh.staged(b);
+      if constexpr (kBackward) {  // the z tile after the next one into L2, a row per thread
+        const int ahead = u + 2 * static_cast<int>(gridDim.x);
+        if (ahead < sched.num_units()) {
+          const Unit far = sched.unit(ahead);
+          const int64_t at = chunk(128 * far.tm + t, 128 * far.tn + 64 * c);
+          if (at >= 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(z + at));
+        }
+      }
       named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
       if (j > 0) release(c, sh, j - 1, u - static_cast<int>(gridDim.x), sched);
-      if constexpr (kBackward) mbar_wait(&sh.z_full[b], (j >> 1) & 1);
       if (!kBackward && t == 0) {  // z leaves as the GEMM rounded it, one group per box
 #pragma unroll
         for (int rb = 0; rb < 2; ++rb) {
@@ -190,7 +209,6 @@ struct ActWarpgroup {
 #pragma unroll 1
       for (int rb = 0; rb < 2; ++rb) {
         uint8_t* box = st + (2 * rb + c) * SH::kBoxBytes;
-        uint8_t* zbox = kBackward ? sh.zin(b) + (2 * rb + c) * SH::kBoxBytes : nullptr;
         uint4 o1[4], o2[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -201,7 +219,7 @@ struct ActWarpgroup {
           T* p1 = reinterpret_cast<T*>(&o1[i]);
           T* p2 = reinterpret_cast<T*>(&o2[i]);
           if constexpr (kBackward) {
-            const uint4 zraw = *reinterpret_cast<const uint4*>(zbox + off);
+            const uint4 zraw = rb == 0 ? z0[i] : z1[i];
             const T* zt = reinterpret_cast<const T*>(&zraw);
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
@@ -211,10 +229,21 @@ struct ActWarpgroup {
               p2[e] = from_acc<T>(val);
               dsum[e] += to_acc(p1[e]);
             }
+            const int64_t at = chunk(rows + 64 * rb + r, col + 8 * ch);
+            if (at >= 0) *reinterpret_cast<uint4*>(hd + at) = o2[i];  // hd straight to memory
           } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e)
               p2[e] = from_acc<T>(act_math::value(to_acc(g[e]) + bv[e], A));
+          }
+        }
+        if constexpr (kBackward) {  // box rb of the next tile's z (see above)
+          const int next = u + static_cast<int>(gridDim.x);
+          if (next < sched.num_units()) {
+            if (rb == 0)
+              load_z(sched.unit(next), c, 0, r0, ch, z0);
+            else
+              load_z(sched.unit(next), c, 1, r0, ch, z1);
           }
         }
         if constexpr (!kBackward) {
@@ -242,7 +271,6 @@ struct ActWarpgroup {
           const int off = r * 128 + ((ch ^ (r & 7)) << 4);
           if constexpr (kBackward) {
             *reinterpret_cast<uint4*>(box + off) = o1[i];
-            *reinterpret_cast<uint4*>(zbox + off) = o2[i];
           } else {
             *reinterpret_cast<uint4*>(box + off) = o2[i];
           }
@@ -262,7 +290,6 @@ struct ActWarpgroup {
         if (t == 0) {
           if constexpr (kBackward) {
             tma_store_2d(out1, box, col, rows + 64 * rb);
-            tma_store_2d(out2, zbox, col, rows + 64 * rb);
           } else {
             tma_store_2d(out2, box, col, rows + 64 * rb);
           }
@@ -280,10 +307,7 @@ struct ActWarpgroup {
                           const TileScheduler& sched) const {
     using SH = ActShared<kBackward>;
     const int b = j & 1;
-    if (threadIdx.x % 128 == 0) {
-      tma_store_wait_read<0>();
-      if constexpr (kBackward) mbar_arrive(&sh.z_empty[b]);
-    }
+    if (threadIdx.x % 128 == 0) tma_store_wait_read<0>();
     named_barrier_sync(SH::act_barrier(c), 128);
     if (u + 2 * static_cast<int>(gridDim.x) < sched.num_units())  // the consumer stages j + 2 there
       named_barrier_arrive(SH::empty_barrier(b), SH::kHandoff);

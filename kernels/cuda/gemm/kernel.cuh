@@ -157,8 +157,7 @@ template <class T, int STAGES, Activation A, bool kBackward>
 __global__ void __launch_bounds__(512, 1)
     gemm_act_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
-                    const __grid_constant__ CUtensorMap tz, TileScheduler sched,
-                    ActWarpgroup<T, A, kBackward> act) {
+                    TileScheduler sched, ActWarpgroup<T, A, kBackward> act) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward>;
   using SH = ActShared<kBackward>;
@@ -168,19 +167,13 @@ __global__ void __launch_bounds__(512, 1)
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&ta);
     prefetch_tensor_map(&tb);
-    sh.init_barriers();
     ml.init_barriers();  // ends with fence_barrier_init
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<40>();
-    if (threadIdx.x == 0) {
-      if constexpr (kBackward)
-        ml.produce(&ta, &tb, sched, [&](int j, const Unit& u) { sh.load_z(&tz, j, u); });
-      else
-        ml.produce(&ta, &tb, sched);
-    }
+    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched);
   } else if (wg == 1) {
     regs_alloc<232>();
     const int wg_thread = threadIdx.x % 128;
@@ -300,8 +293,8 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   const int m = static_cast<int>(out.size(0)), n = static_cast<int>(out.size(1));
   const int k = static_cast<int>(a.size(1));
   const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, kBackward ? 64 : 128);
-  const CUtensorMap tc = tensor_map(out, 64), tc2 = tensor_map(hd, 64);
-  const CUtensorMap tz = z ? tensor_map(*z, 64) : CUtensorMap{};
+  const CUtensorMap tc = tensor_map(out, 64);
+  const CUtensorMap tc2 = kBackward ? CUtensorMap{} : tensor_map(hd, 64);
   const TileScheduler sched{(m + 127) / 128, (n + 127) / 128, (k + 63) / 64, 1};
   auto kernel = gemm_act_kernel<T, kStages, A, kBackward>;
   const int smem = ML::smem_bytes(ActShared<kBackward>::kBytes);
@@ -310,8 +303,12 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
     FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   });
   const int grid = std::min(sched.num_units(), properties(dev).multiProcessorCount);
-  kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, tz, sched,
-                                           ActWarpgroup<T, A, kBackward>{bias, n, db_part});
+  ActWarpgroup<T, A, kBackward> act{bias, m, n, db_part};
+  if constexpr (kBackward) {
+    act.z = static_cast<const T*>(z->data_ptr());
+    act.hd = static_cast<T*>(hd.data_ptr());
+  }
+  kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, sched, act);
   FFN_CHECK_CUDA(cudaGetLastError());
 }
 

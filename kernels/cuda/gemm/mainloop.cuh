@@ -97,19 +97,12 @@ struct Mainloop {
     fence_barrier_init();
   }
 
-  // The producer thread: every k-block of every unit of this CTA, in order; after the j-th
-  // unit's loads, after_unit(j, unit) (the activation warpgroup's z tile: act_warpgroup.cuh).
+  // The producer thread: every k-block of every unit of this CTA, in order.
   __device__ void produce(const CUtensorMap* ta, const CUtensorMap* tb,
                           const TileScheduler& sched) const {
-    produce(ta, tb, sched, [](int, const Unit&) {});
-  }
-  template <class AfterUnit>
-  __device__ void produce(const CUtensorMap* ta, const CUtensorMap* tb, const TileScheduler& sched,
-                          AfterUnit&& after_unit) const {
     int stage = 0;
     uint32_t phase = 0;
-    int j = 0;
-    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x) {
       const Unit w = sched.unit(u);
       for (int kb = w.kb0; kb < w.kb0 + w.kbs; ++kb) {
         mbar_wait(&empty[stage], phase ^ 1);
@@ -118,7 +111,6 @@ struct Mainloop {
         load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, w.tn * BN);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }
-      after_unit(j, w);
     }
   }
 
