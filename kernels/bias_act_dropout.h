@@ -36,8 +36,8 @@ void bias_act_dropout_backward(const Tensor& dhd, const Tensor& z, const Tensor&
 // gemm and the kernels above.
 bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
                 Tensor& hd);
-// db (optional): Σ_rows dz (deterministic), from the same kernel where it runs on the
-// activation warpgroups, else a column-sum pass.
+// db (optional): Σ_rows dz (deterministic), from the same kernel (the activation
+// warpgroups' per-tile partials).
 bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
                          Activation act, Tensor& dz, Tensor& hd, Tensor* db = nullptr);
 

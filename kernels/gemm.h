@@ -49,9 +49,11 @@ void set_gemm_autotune(bool on);
 bool gemm_autotune();
 
 // Whether the layers fold their elementwise work into GEMM epilogues on the GPU (Note
-// [Activation epilogues]: the FFN's activation in the own Hopper GEMM; bias gradients through
-// cuBLASLt's BGRADB on the weight-gradient product). On by default (FFN_GEMM_EPILOGUES=0 or
-// runtime.gemm_epilogues = false turn it off); the CPU path is the same either way.
+// [Activation warpgroup]: the FFN's activation, and db1, in the own Hopper GEMM). The
+// Linear layers' bias gradients are a column-sum pass beside the weight gradient either way
+// (measured faster than cuBLASLt's BGRADB epilogue, which gemm's bgrad_a still offers). On by
+// default (FFN_GEMM_EPILOGUES=0 or runtime.gemm_epilogues = false turn it off); the CPU path
+// is the same either way.
 void set_gemm_epilogues(bool on);
 bool gemm_epilogues();
 

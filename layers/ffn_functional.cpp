@@ -108,22 +108,18 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   check_same_dtype(dy, x, "ffn_backward", "dy", "x");
   FfnGrads g;
 
-  // On the GPU in 16 bits with gemm_epilogues(), db2 comes from cuBLASLt's BGRADB epilogue on
-  // dW2's product, which reads the same rows (gemm's bgrad_a), and db1 from the fused
-  // activation backward (linear_act_backward) where it runs.
-  const bool epi = dy.is_cuda() && is_half(dy.dtype()) && gemm_epilogues();
-
-  // fc2: dz2 = dropout_o'(dy), db2 fused into that pass (or into dW2's product).
+  // db1 comes from the fused activation backward (linear_act_backward) where it runs; db2
+  // from the dropout pass, or a column-sum pass of its own (on an H100 faster, with the bare
+  // dW2 GEMM, than cuBLASLt's BGRADB epilogue: bench/RESULTS.md, session 14).
+  // fc2: dz2 = dropout_o'(dy), db2 fused into that pass.
   Tensor dz2 = dy;
-  bool db2_in_dw2 = false;
   if (p.w2.defined()) {
     if (p.b2.defined()) g.db2 = Tensor::empty({y_shape[1]}, x.dtype(), x.device());
     if (d.out.active()) {
       dz2 = Tensor::empty(y_shape, x.dtype(), x.device());
       bias_dropout_backward(dy, d.out, &dz2, p.b2.defined() ? &g.db2 : nullptr);
     } else if (p.b2.defined()) {
-      db2_in_dw2 = epi;
-      if (!db2_in_dw2) bias_grad(dy, g.db2);
+      bias_grad(dy, g.db2);
     }
   }
 
@@ -144,7 +140,7 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
   const bool fused =
-      epi && p.w2.defined() && p.w1.defined() && !cfg.gated && !d.hidden.active() &&
+      gemm_epilogues() && p.w2.defined() && p.w1.defined() && !cfg.gated && !d.hidden.active() &&
       linear_act_backward(dz2, p.w2, z, b1, cfg.act, dz, hd, p.b1.defined() ? &g.db1 : nullptr);
   if (!fused) {
     const Tensor dhd = p.w2.defined() ? matmul(dz2, p.w2) : dz2;
@@ -157,9 +153,7 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   }
 
   if (p.w2.defined()) {
-    GemmArgs a2{.trans_a = true};
-    if (db2_in_dw2) a2.epilogue = GemmEpilogue::bgrad_a, a2.bias_grad = g.db2;
-    g.dw2 = matmul(dz2, hd, a2);
+    g.dw2 = matmul(dz2, hd, {.trans_a = true});
   }
   if (p.w1.defined()) {
     g.dw1 = matmul(dz, x, {.trans_a = true});

@@ -35,15 +35,11 @@ class LinearNode final : public Node {
     const Tensor x2 = x.view_2d(), dy = d_out.view_2d();
     std::vector<Tensor> g(3);
     if (inputs[0].requires_grad()) g[0] = matmul(dy, w).reshape(x.shape());
-    // On the GPU in 16 bits the bias gradient comes with the weight gradient (cuBLASLt's
-    // BGRADB epilogue reads the same rows of dy), unless gemm_epilogues() is off.
+    // The bias gradient as a column-sum pass of its own beside the weight gradient: on an
+    // H100 that pass plus the bare GEMM beat cuBLASLt's BGRADB epilogue (a kernel of its own
+    // too) at GPT-2's qkv, proj and fc2 shapes (bench/RESULTS.md, session 14).
     const bool with_dw = inputs[1].requires_grad(), with_db = inputs[2].requires_grad();
     if (with_db) g[2] = Tensor::empty({w.size(0)}, dy.dtype(), dy.device());
-    if (with_dw && with_db && dy.is_cuda() && is_half(dy.dtype()) && gemm_epilogues()) {
-      g[1] =
-          matmul(dy, x2, {.trans_a = true, .epilogue = GemmEpilogue::bgrad_a, .bias_grad = g[2]});
-      return g;
-    }
     if (with_dw) g[1] = matmul(dy, x2, {.trans_a = true});
     if (with_db) bias_grad(dy, g[2]);
     return g;

@@ -281,8 +281,8 @@ LayerRun run_ffn(const FeedForwardOptions& base, DType dt, Device dev, const Ten
 FFN_GPU_TEST("FeedForward / GatedFeedForward on the GPU match the CPU, dropout on and off") {
   Generator g(60);
   // p = 0 in bf16 runs the GEMM epilogues (the own Hopper GEMM's activation epilogues, or
-  // cuBLASLt's GELU_AUX_BIAS off Hopper; bias gradients through BGRADB); epilogues off runs
-  // the GEMMs and the fused elementwise kernels apart.
+  // cuBLASLt's GELU_AUX_BIAS off Hopper); epilogues off runs the GEMMs and the fused
+  // elementwise kernels apart.
   const bool epilogues = gemm_epilogues();
   for (bool epi : {true, false})
     for (bool gated : {false, true})

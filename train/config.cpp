@@ -368,7 +368,7 @@ const std::map<std::string, std::string>& key_docs() {
       {"runtime.gemm_autotune",
        "time cuBLASLt candidates per shape (faster; resume not bit-exact)"},
       {"runtime.gemm_epilogues",
-       "GPU 16-bit runs: activations and bias gradients inside the GEMMs"},
+       "GPU 16-bit runs: fc1's activation (and its bias gradient) inside the GEMMs"},
       {"runtime.fp32_residual", "16-bit runs: keep the residual stream in fp32"},
       {"runtime.fused_attention", "GPU 16-bit runs: the fused attention kernels"},
       {"runtime.fused_classifier", "the loss without storing the [B·T, vocab] logits"},

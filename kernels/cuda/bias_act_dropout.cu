@@ -87,6 +87,47 @@ struct DgeluDbias {
   }
 };
 
+// db = Σ_rows dy alone (bias_grad: no activation, no dropout, no dz): the same sums in
+// the same row order as DgeluDbias (there each value is multiplied by 1 twice), so the bits
+// are the same; eight rows per load round instead of two, because this op is nothing but
+// loads: two 16-byte loads in flight per thread left it at about 1 TB/s (qkv's bias, 16384 ×
+// 2304 bf16: 0.081 ms, 3× its memory time).
+template <class T>
+struct ColumnSum {
+  using A = acc_t<T>;
+  static constexpr int kSums = 1;
+  static constexpr int kUnroll = sizeof(T) == 8 ? 4 : 8;  // double: 4 fit the 85 registers
+  const T* dy;
+  int64_t n;
+
+  template <int VEC, int U>
+  __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
+                                        A (&acc)[1][VEC]) const {
+    if constexpr (VEC * sizeof(T) == 16) {  // raw 16-byte loads, converted as they are added
+      uint4 raw[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (ok[u]) raw[u] = __ldg(reinterpret_cast<const uint4*>(dy + rows[u] * n + c0));
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!ok[u]) continue;
+        const T* t = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[0][j] += to_acc(t[j]);
+      }
+    } else {
+      A g[U][VEC];
+      load_rows<VEC>(dy, n, c0, rows, ok, g);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!ok[u]) continue;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[0][j] += g[u][j];
+      }
+    }
+  }
+};
+
 }  // namespace
 
 void bias_act_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,
@@ -110,6 +151,12 @@ void bias_act_dropout_backward(const Tensor& dhd, const Tensor& z, const Tensor&
   const int64_t m = dhd.size(0), n = dhd.size(1);
   FFN_DISPATCH_ALL(dhd.dtype(), "bias_act_dropout_backward", [&]<class H>() {
     using T = device_t<H>;
+    if (!z.defined() && !b.defined() && act == Activation::identity && !d.active() && !dpre &&
+        !hd) {  // bias_grad
+      const ColumnSum<T> op{dptr<T>(dhd), n};
+      launch_rowwise<T>(op, can_vectorize(16 / sizeof(T), n, {op.dy}), m, n, dev, dptr<T>(db));
+      return;
+    }
     const DgeluDbias<T> op{dptr<T>(dhd), dptr<T>(z), dptr<T>(b), dptr<T>(dpre),
                            dptr<T>(hd),  n,          act,        DeviceMask::from(d)};
     const bool aligned = can_vectorize(16 / sizeof(T), n, {op.dhd, op.z, op.b, op.dpre, op.hd});

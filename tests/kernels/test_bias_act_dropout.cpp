@@ -266,6 +266,32 @@ FFN_GPU_TEST("bias_dropout / bias_dropout_backward on the GPU match the CPU refe
     }
 }
 
+FFN_GPU_TEST("bias_grad on the GPU (its own column-sum op) equals the general backward's db") {
+  // bias_grad alone runs ColumnSum (eight rows of loads in flight); with dz requested the
+  // same sums come from DgeluDbias. Same row order, so the same bits; both near the CPU's.
+  Generator g(57);
+  for (DType dt : kGpuDtypes)
+    for (auto [m, n] : kGpuShapes) {
+      const std::string dtype = std::string(dtype_name(dt));
+      CAPTURE(dtype);
+      CAPTURE(m);
+      CAPTURE(n);
+      const Tensor dy = exact(rand64({m, n}, g), dt);
+      const Tensor dyg = dy.to(dt).to(kGpu);
+      Tensor db = Tensor::empty({n}, dt, kGpu), db2 = Tensor::empty({n}, dt, kGpu);
+      Tensor dz = Tensor::empty({m, n}, dt, kGpu);
+      bias_grad(dyg, db);
+      bias_dropout_backward(dyg, {}, &dz, &db2);
+      CHECK(ffn::test::max_abs_diff(db, db2) == 0.0);
+      CHECK(ffn::test::max_abs_diff(dz, dyg) == 0.0);
+      Tensor db64 = Tensor::empty({n}, DType::f64), db32 = Tensor::empty({n}, DType::f32);
+      bias_grad(dy.to(DType::f64), db64);
+      bias_grad(dy.to(DType::f32), db32);
+      check_against_reference(db, db64, db32, dt, "bias_grad db",
+                              {.reduce_len = static_cast<double>(m), .term_bound = max_abs(dy)});
+    }
+}
+
 FFN_GPU_TEST("bias_act_dropout / bias_act_dropout_backward on the GPU match the CPU reference") {
   Generator g(53);
   for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh})
