@@ -103,7 +103,9 @@ struct ColumnSum {
   template <int VEC, int U>
   __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
                                         A (&acc)[1][VEC]) const {
-    if constexpr (VEC * sizeof(T) == 16) {  // raw 16-byte loads, converted as they are added
+    // Raw 16-byte loads, converted as they are added: eight rows converted up front (load_rows)
+    // would hold 64 floats and spill under the 85-register bound.
+    if constexpr (VEC * sizeof(T) == 16) {
       uint4 raw[U];
 #pragma unroll
       for (int u = 0; u < U; ++u)

@@ -519,9 +519,9 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
           }
           CHECK_MESSAGE(bad == 0, what, ": db off Σ_rows dz in ", bad, " of ", n, " columns");
         }
-  // The front doors take the Hopper path for 16-bit operands with a long enough K (768: the
-  // activation warpgroups, db in the kernel; 4096: the ping-pong ActTma, db from a
-  // column-sum pass) and decline f32 and short K (the caller then runs gemm +
+  // The front doors take the Hopper path for 16-bit operands with a long enough K (from 768:
+  // the activation warpgroups, db in the kernel; K = 4096 as well, where the ping-pong ActTma
+  // ran until session 14) and decline f32 and short K (the caller then runs gemm +
   // bias_act_dropout); a mismatched output is an error naming the op.
   for (int64_t kl : {768, 4096}) {
     const Tensor xl = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
