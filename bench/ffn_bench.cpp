@@ -307,13 +307,19 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     const char* name;
     int64_t m, h, d;  // tokens, hidden, model width
     Activation act;
+    float p = 0.0f;  // hidden dropout: the activation warpgroups against the unfused pair only
   };
   const Fc1 shapes[] = {{"gpt2.fc1", 16384, 3072, 768, Activation::gelu_erf},
                         {"ffn_d1024.fc1", 16384, 4096, 1024, Activation::gelu_tanh},
                         {"ffn_d4096.fc1", 8192, 16384, 4096, Activation::gelu_tanh},
                         // gpt2's fc1 with the cheapest activation: how much of the fused
                         // kernels' time over the bare GEMM is the activation's arithmetic
-                        {"gpt2.fc1", 16384, 3072, 768, Activation::silu}};
+                        {"gpt2.fc1", 16384, 3072, 768, Activation::silu},
+                        // the workloads' hidden dropout (DESIGN.md: p = 0.1), and GPT-2's fc1
+                        // with nanoGPT's fine-tuning dropout
+                        {"ffn_d1024.fc1", 16384, 4096, 1024, Activation::gelu_tanh, 0.1f},
+                        {"ffn_d4096.fc1", 8192, 16384, 4096, Activation::gelu_tanh, 0.1f},
+                        {"gpt2.fc1", 16384, 3072, 768, Activation::gelu_erf, 0.1f}};
   Generator g(37);
   for (const Fc1& sh : shapes) {
     const Tensor x = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
@@ -329,11 +335,39 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     }
     auto t = [&](auto&& f) { return median_ms(device, warmup, iters, f); };
     using S = cuda::Sm90Schedule;
+    if (sh.p > 0) {  // only the activation warpgroups take a mask
+      const DropoutSpec d{sh.p, 1234, 0};
+      const double f_aw =
+          t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, d, z, hd, S::act_warpgroups); });
+      const double f_unfused = t([&] {
+        gemm(x, w1, z, {.trans_b = true});
+        bias_act_dropout(z, b1, sh.act, d, hd);
+      });
+      const double f_bare = t([&] { cuda::sm90_gemm(x, w1, z, {.trans_b = true}); });
+      const double b_aw_db = t([&] {
+        cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, d, dz, hd, S::act_warpgroups, &db1);
+      });
+      const double b_unfused = t([&] {
+        gemm(dz2, w2, dhd);
+        bias_act_dropout_backward(dhd, z, b1, sh.act, d, dz, &db1, &hd);
+      });
+      const double b_bare = t([&] { cuda::sm90_gemm(dz2, w2, dhd); });
+      std::printf(
+          "{\"act_epilogue\": \"%s\", \"act\": \"%s\", \"p\": %.2f, "
+          "\"fwd_act_warpgroups_ms\": %.4f, \"fwd_unfused_ms\": %.4f, "
+          "\"fwd_bare_ours_ms\": %.4f, \"bwd_act_warpgroups_db_ms\": %.4f, "
+          "\"bwd_unfused_ms\": %.4f, \"bwd_bare_ours_ms\": %.4f}\n",
+          sh.name, activation_name(sh.act), sh.p, f_aw, f_unfused, f_bare, b_aw_db, b_unfused,
+          b_bare);
+      std::fflush(stdout);
+      continue;
+    }
     const double f_aw =
-        t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::act_warpgroups); });
-    const double f_pp = t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::pingpong); });
+        t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, {}, z, hd, S::act_warpgroups); });
+    const double f_pp =
+        t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, {}, z, hd, S::pingpong); });
     const double f_coop =
-        t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, z, hd, S::cooperative); });
+        t([&] { cuda::sm90_gemm_nt_act(x, w1, b1, sh.act, {}, z, hd, S::cooperative); });
     const double f_unfused = t([&] {
       gemm(x, w1, z, {.trans_b = true});
       bias_act_dropout(z, b1, sh.act, {}, hd);
@@ -341,15 +375,16 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     const double f_bare_lt = t([&] { gemm(x, w1, z, {.trans_b = true}); });
     const double f_bare_ours = t([&] { cuda::sm90_gemm(x, w1, z, {.trans_b = true}); });
     const double b_aw = t([&] {
-      cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::act_warpgroups);
+      cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, {}, dz, hd, S::act_warpgroups);
     });
     const double b_aw_db = t([&] {
-      cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::act_warpgroups, &db1);
+      cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, {}, dz, hd, S::act_warpgroups, &db1);
     });
-    const double b_pp =
-        t([&] { cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::pingpong); });
-    const double b_coop =
-        t([&] { cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, dz, hd, S::cooperative); });
+    const double b_pp = t(
+        [&] { cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, {}, dz, hd, S::pingpong); });
+    const double b_coop = t([&] {
+      cuda::sm90_gemm_nn_act_backward(dz2, w2, z, b1, sh.act, {}, dz, hd, S::cooperative);
+    });
     const double b_unfused = t([&] {
       gemm(dz2, w2, dhd);
       bias_act_dropout_backward(dhd, z, b1, sh.act, {}, dz, &db1, &hd);

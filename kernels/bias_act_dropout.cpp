@@ -67,6 +67,14 @@ namespace {
 // 1.818 with db).
 constexpr int64_t kActMinK = 768;
 constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
+// With the hidden dropout the activation warpgroups also draw the mask (one Philox block per
+// thread's 8 elements), and where they were already the bound the fused kernel loses.
+// Measured on an H100 (session 15, calls 2 and 3, p = 0.1, fused against GEMM + kernel, ms):
+// forward gpt2 (K = 768) 0.269 vs 0.266 and 0.262 vs 0.259, ffn_d1024 (K = 1024) 0.300 vs
+// 0.340 and 0.299 vs 0.347, ffn_d4096 (K = 4096) 1.81 vs 2.06 and 1.81 vs 1.95; backward with
+// db gpt2 0.369 vs 0.332 and 0.358 vs 0.333, ffn_d1024 0.420 vs 0.447 and 0.427 vs 0.441,
+// ffn_d4096 2.10 vs 2.20 and 2.19 vs 2.14 (a tie). So with dropout they run from K = 1024.
+constexpr int64_t kActDropoutMinK = 1024;
 
 // Contiguous with a 16-byte aligned start: what the fused GEMMs' TMA and vector accesses need.
 bool dense16(const Tensor& t) {
@@ -74,9 +82,10 @@ bool dense16(const Tensor& t) {
 }
 }  // namespace
 
-bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
-                Tensor& hd) {
+bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                const DropoutSpec& d, Tensor& z, Tensor& hd) {
   const char* op = "linear_act";
+  detail::check_dropout(d, op);
   detail::check_matrix(x, op, "x");
   detail::check_matrix(w, op, "w");
   FFN_CHECK(w.size(1) == x.size(1), "[linear_act] x is [", x.size(0), ", ", x.size(1),
@@ -85,17 +94,18 @@ bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
   detail::check_like(z, x, {x.size(0), w.size(0)}, op, "z");
   detail::check_like(hd, x, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
-  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kActMinK ||
+  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < (d.active() ? kActDropoutMinK : kActMinK) ||
       !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !dense16(hd) ||
       (b.defined() && !dense16(b)))
     return false;
-  cuda::sm90_gemm_nt_act(x, w, b, act, z, hd, kActSchedule);
+  cuda::sm90_gemm_nt_act(x, w, b, act, d, z, hd, kActSchedule);
   return true;
 }
 
 bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
-                         Activation act, Tensor& dz, Tensor& hd, Tensor* db) {
+                         Activation act, const DropoutSpec& d, Tensor& dz, Tensor& hd, Tensor* db) {
   const char* op = "linear_act_backward";
+  detail::check_dropout(d, op);
   detail::check_matrix(dy, op, "dy");
   detail::check_matrix(w, op, "w");
   FFN_CHECK(w.size(0) == dy.size(1), "[linear_act_backward] dy is [", dy.size(0), ", ", dy.size(1),
@@ -106,11 +116,12 @@ bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
   detail::check_like(hd, dy, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, dy, {w.size(1)}, op, "b");
   if (db) detail::check_like(*db, dy, {w.size(1)}, op, "db");
-  if (!dy.is_cuda() || !gemm_epilogues() || dy.size(1) < kActMinK ||
+  if (!dy.is_cuda() || !gemm_epilogues() ||
+      dy.size(1) < (d.active() ? kActDropoutMinK : kActMinK) ||
       !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !dense16(z) || !dense16(hd) ||
       (b.defined() && !dense16(b)))
     return false;
-  cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, dz, hd, kActSchedule, db);  // db in kernel
+  cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, d, dz, hd, kActSchedule, db);  // db in kernel
   return true;
 }
 

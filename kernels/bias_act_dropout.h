@@ -25,21 +25,22 @@ void bias_act_dropout_backward(const Tensor& dhd, const Tensor& z, const Tensor&
                                Activation act, const DropoutSpec& d, Tensor& dpre, Tensor* db,
                                Tensor* hd);
 
-// The same without dropout, folded into the GEMM next to it where the GPU can (the own Hopper
-// GEMM's activation epilogues, Note [Activation epilogues] and Note [Activation warpgroup];
-// on while gemm_epilogues() is):
-//   linear_act:          z = x·wᵀ (x [M, K], w [h, K]) and hd = act(z + b)
-//   linear_act_backward: dz = (dy·w) ⊙ act'(z + b) (dy [M, N], w [N, h]) and hd = act(z + b)
-// with the arithmetic of gemm followed by bias_act_dropout(_backward) with p = 0. They return
-// false and compute nothing where the fused kernels do not run or were measured slower (the
-// CPU, f32, non-Hopper GPUs, shapes they do not take, K below 768): the caller then runs
-// gemm and the kernels above.
-bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
-                Tensor& hd);
+// The same folded into the GEMM next to it where the GPU can (the own Hopper GEMM's
+// activation warpgroups, Note [Activation warpgroup]; on while gemm_epilogues() is):
+//   linear_act:          z = x·wᵀ (x [M, K], w [h, K]) and hd = dropout(act(z + b))
+//   linear_act_backward: dz = dropout'(dy·w) ⊙ act'(z + b) (dy [M, N], w [N, h]) and
+//                        hd = dropout(act(z + b))
+// with the arithmetic and the mask of gemm followed by bias_act_dropout(_backward). They
+// return false and compute nothing where the fused kernels do not run or were measured
+// slower (the CPU, f32, non-Hopper GPUs, shapes they do not take, K below 768): the caller
+// then runs gemm and the kernels above.
+bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                const DropoutSpec& d, Tensor& z, Tensor& hd);
 // db (optional): Σ_rows dz (deterministic), from the same kernel (the activation
 // warpgroups' per-tile partials).
 bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
-                         Activation act, Tensor& dz, Tensor& hd, Tensor* db = nullptr);
+                         Activation act, const DropoutSpec& d, Tensor& dz, Tensor& hd,
+                         Tensor* db = nullptr);
 
 // Plain activation (no bias, no dropout) and its gradient dx = dy ⊙ act'(x).
 inline void activation_forward(const Tensor& x, Activation act, Tensor& y) {

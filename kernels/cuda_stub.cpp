@@ -132,12 +132,13 @@ void sm90_gemm_nt_bias_act_dropout(const Tensor&, const Tensor&, const Tensor&, 
 bool sm90_gemm_act_supported(const Tensor&, const Tensor&, bool, Activation, const Tensor&) {
   return false;
 }
-void sm90_gemm_nt_act(const Tensor&, const Tensor&, const Tensor&, Activation, Tensor&, Tensor&,
-                      Sm90Schedule) {
+void sm90_gemm_nt_act(const Tensor&, const Tensor&, const Tensor&, Activation, const DropoutSpec&,
+                      Tensor&, Tensor&, Sm90Schedule) {
   no_cuda("sm90_gemm");
 }
 void sm90_gemm_nn_act_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               Activation, Tensor&, Tensor&, Sm90Schedule, Tensor*) {
+                               Activation, const DropoutSpec&, Tensor&, Tensor&, Sm90Schedule,
+                               Tensor*) {
   no_cuda("sm90_gemm");
 }
 

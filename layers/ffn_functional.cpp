@@ -52,19 +52,19 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
   const int64_t m = x.size(0), h1 = z_width(x, p);
   FfnForward out;
   Tensor hd;
-  // Without hidden dropout the activation runs in fc1's epilogue: the own Hopper GEMM
-  // (linear_act, Note [Activation epilogues]; z saved without the bias, as below) or else,
-  // for gelu_tanh in 16 bits, cuBLASLt's GELU_AUX_BIAS epilogue, which saves z + b1 and is
-  // 13% faster than the GEMM plus our kernel at d=1024 (bench/RESULTS-2026-11-22.md). That
-  // one cannot apply a mask, has no erf/SiLU/GLU, and its approximate tanh (4e-5 relative)
-  // is only below the output rounding for 16-bit types.
-  const bool plain_fc1 =
-      x.is_cuda() && p.w1.defined() && !cfg.gated && !cfg.recompute && !d.hidden.active();
+  // The activation and the hidden dropout run in fc1's epilogue: the own Hopper GEMM
+  // (linear_act, Note [Activation warpgroup]; z saved without the bias, as below) or else,
+  // without dropout, for gelu_tanh in 16 bits, cuBLASLt's GELU_AUX_BIAS epilogue, which saves
+  // z + b1 and is 13% faster than the GEMM plus our kernel at d=1024
+  // (bench/RESULTS-2026-11-22.md). That one cannot apply a mask, has no erf/SiLU/GLU, and its
+  // approximate tanh (4e-5 relative) is only below the output rounding for 16-bit types.
+  const bool plain_fc1 = x.is_cuda() && p.w1.defined() && !cfg.gated && !cfg.recompute;
   if (plain_fc1) {  // z and hd allocated once, for whichever of the three ways runs
     out.z = Tensor::empty({m, h1}, x.dtype(), x.device());
     hd = Tensor::empty({m, h1}, x.dtype(), x.device());
-    const bool own = gemm_epilogues() && linear_act(x, p.w1, p.b1, cfg.act, out.z, hd);
-    if (!own && is_half(x.dtype()) && cfg.act == Activation::gelu_tanh && h1 % 8 == 0) {
+    const bool own = gemm_epilogues() && linear_act(x, p.w1, p.b1, cfg.act, d.hidden, out.z, hd);
+    if (!own && is_half(x.dtype()) && cfg.act == Activation::gelu_tanh && h1 % 8 == 0 &&
+        !d.hidden.active()) {
       out.z_has_bias = true;
       gemm(x, p.w1, hd,
            {.trans_b = true, .bias = p.b1, .epilogue = GemmEpilogue::gelu_aux_bias, .aux = out.z});
@@ -139,9 +139,9 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   if (p.b1.defined()) g.db1 = Tensor::empty({h1}, x.dtype(), x.device());
   Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
-  const bool fused =
-      gemm_epilogues() && p.w2.defined() && p.w1.defined() && !cfg.gated && !d.hidden.active() &&
-      linear_act_backward(dz2, p.w2, z, b1, cfg.act, dz, hd, p.b1.defined() ? &g.db1 : nullptr);
+  const bool fused = gemm_epilogues() && p.w2.defined() && p.w1.defined() && !cfg.gated &&
+                     linear_act_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd,
+                                         p.b1.defined() ? &g.db1 : nullptr);
   if (!fused) {
     const Tensor dhd = p.w2.defined() ? matmul(dz2, p.w2) : dz2;
     Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;

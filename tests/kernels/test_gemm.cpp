@@ -449,8 +449,10 @@ FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_drop
 }
 
 // Note [Activation epilogues]: the forward (z, hd) and backward (dz, recomputed hd) equal the
-// same Hopper product followed by bias_act_dropout(_backward) with p = 0, bit for bit; the
-// front doors (linear_act*) run them on Hopper and decline elsewhere.
+// same Hopper product followed by bias_act_dropout(_backward), bit for bit: with p = 0 on
+// every schedule, with the hidden dropout (p = 0.1, and p = 1: all dropped) on the activation
+// warpgroups, the mask the same bits; the front doors (linear_act*) run them on Hopper and
+// decline elsewhere.
 FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_act_dropout") {
   Generator g(74);
   if (!sm90_here()) {
@@ -464,12 +466,15 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
   for (auto& dm : dims)
     for (DType dt : {DType::bf16, DType::f16})
       for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu})
-        for (cuda::Sm90Schedule sched :
-             {cuda::Sm90Schedule::act_warpgroups, cuda::Sm90Schedule::pingpong,
-              cuda::Sm90Schedule::cooperative}) {
+        for (auto [sched, p] : {std::pair{cuda::Sm90Schedule::act_warpgroups, 0.0f},
+                                std::pair{cuda::Sm90Schedule::act_warpgroups, 0.1f},
+                                std::pair{cuda::Sm90Schedule::pingpong, 0.0f},
+                                std::pair{cuda::Sm90Schedule::cooperative, 0.0f}}) {
           const int64_t m = dm[0], n = dm[1], k = dm[2];
           const bool bias = n != 264;  // one shape without a bias
           const bool aw = sched == cuda::Sm90Schedule::act_warpgroups;
+          // p = 1 at one shape: every element dropped, hd and dz all zeros.
+          const DropoutSpec d{p > 0 && n == 1608 ? 1.0f : p, 4321, 77 + static_cast<uint64_t>(m)};
           // The activation warpgroups' kernel runs 128×128 tiles like the ping-pong GEMM.
           const cuda::Sm90Schedule ref_sched = aw ? cuda::Sm90Schedule::pingpong : sched;
           const Tensor x = rand64({m, k}, g).to(dt).to(kGpu),
@@ -477,36 +482,37 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
           const Tensor dy = rand64({m, k}, g).to(dt).to(kGpu),
                        w2 = rand64({k, n}, g).to(dt).to(kGpu);
           const Tensor b = bias ? rand64({n}, g).to(dt).to(kGpu) : Tensor();
-          const std::string what =
-              std::string("activation epilogue ") + dtype_name(dt) + " " + activation_name(act) +
-              (aw                                      ? " act_warpgroups"
-               : sched == cuda::Sm90Schedule::pingpong ? " ping-pong"
-                                                       : " cooperative") +
-              " m" + std::to_string(m) + " n" + std::to_string(n) + " k" + std::to_string(k);
+          const std::string what = std::string("activation epilogue ") + dtype_name(dt) + " " +
+                                   activation_name(act) +
+                                   (aw                                      ? " act_warpgroups"
+                                    : sched == cuda::Sm90Schedule::pingpong ? " ping-pong"
+                                                                            : " cooperative") +
+                                   " m" + std::to_string(m) + " n" + std::to_string(n) + " k" +
+                                   std::to_string(k) + " p" + std::to_string(d.p);
           // Forward: z is the plain product (same kernel shape, same accumulation), hd is
           // bias_act_dropout of that z.
           Tensor z = Tensor::full({m, n}, NAN, dt, kGpu), hd = z.clone();
-          cuda::sm90_gemm_nt_act(x, w1, b, act, z, hd, sched);
+          cuda::sm90_gemm_nt_act(x, w1, b, act, d, z, hd, sched);
           Tensor z_ref = Tensor::full({m, n}, NAN, dt, kGpu), hd_ref = z_ref.clone();
           cuda::sm90_gemm(x, w1, z_ref, {.trans_b = true, .schedule = ref_sched});
           CHECK_MESSAGE(equal_and_written(z, z_ref), what, ": z");
-          bias_act_dropout(z_ref, b, act, {}, hd_ref);
+          bias_act_dropout(z_ref, b, act, d, hd_ref);
           CHECK_MESSAGE(equal_and_written(hd, hd_ref), what, ": hd");
           // Backward: dz and hd from dhd = dy·w2 and the saved z.
           Tensor dz = Tensor::full({m, n}, NAN, dt, kGpu), hd2 = dz.clone();
-          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, dz, hd2, sched);
+          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, d, dz, hd2, sched);
           Tensor dhd = Tensor::full({m, n}, NAN, dt, kGpu);
           cuda::sm90_gemm(dy, w2, dhd, {.schedule = ref_sched});
           Tensor dz_ref = Tensor::full({m, n}, NAN, dt, kGpu), hd2_ref = dz_ref.clone();
-          bias_act_dropout_backward(dhd, z, b, act, {}, dz_ref, nullptr, &hd2_ref);
+          bias_act_dropout_backward(dhd, z, b, act, d, dz_ref, nullptr, &hd2_ref);
           CHECK_MESSAGE(equal_and_written(dz, dz_ref), what, ": dz");
           CHECK_MESSAGE(equal_and_written(hd2, hd2_ref), what, ": recomputed hd");
           if (!aw) continue;
           // db from the activation warpgroup's per-tile partials: Σ_rows of the stored dz
           // within fp32 accumulation plus one rounding to dt, the same bits on a second run.
           Tensor db = Tensor::full({n}, NAN, dt, kGpu), db_again = db.clone();
-          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, dz, hd2, sched, &db);
-          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, dz, hd2, sched, &db_again);
+          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, d, dz, hd2, sched, &db);
+          cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, d, dz, hd2, sched, &db_again);
           CHECK_MESSAGE(equal_and_written(dz, dz_ref), what, ": dz with db");
           CHECK_MESSAGE(equal_and_written(db, db_again), what, ": db run to run");
           const auto dzv = dz_ref.to_vector(), dbv = db.to_vector();
@@ -529,37 +535,46 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
     const Tensor wl2 = rand64({kl, 136}, g).to(DType::bf16).to(kGpu);
     Tensor zl = Tensor::empty({200, 136}, DType::bf16, kGpu), hl = zl.clone(), dzl = zl.clone();
     Tensor dbl = Tensor::full({136}, NAN, DType::bf16, kGpu), db_ref = dbl.clone();
-    CHECK(linear_act(xl, wl, {}, Activation::gelu_erf, zl, hl));
-    CHECK(linear_act_backward(xl, wl2, zl, {}, Activation::gelu_erf, dzl, hl, &dbl));
+    CHECK(linear_act(xl, wl, {}, Activation::gelu_erf, {}, zl, hl));
+    CHECK(linear_act_backward(xl, wl2, zl, {}, Activation::gelu_erf, {}, dzl, hl, &dbl));
     bias_grad(dzl, db_ref);
     check_close(dbl, db_ref, 1e-6 * 200, 0x1p-7,
                 "linear_act_backward db, K = " + std::to_string(kl));
+    // With the hidden dropout they run from K = 1024 (measured: kActDropoutMinK in
+    // kernels/bias_act_dropout.cpp).
+    const DropoutSpec d{0.1f, 5, 6};
+    CHECK(linear_act(xl, wl, {}, Activation::gelu_erf, d, zl, hl) == (kl >= 1024));
+    CHECK(linear_act_backward(xl, wl2, zl, {}, Activation::gelu_erf, d, dzl, hl, &dbl) ==
+          (kl >= 1024));
   }
   const Tensor x = rand64({64, 32}, g).to(DType::bf16).to(kGpu);
   const Tensor w = rand64({16, 32}, g).to(DType::bf16).to(kGpu);
   Tensor z = Tensor::empty({64, 16}, DType::bf16, kGpu), hd = z.clone();
-  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, z, hd));  // K = 32: measured slower
+  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, {}, z, hd));  // K = 32: measured slower
   Tensor z32 = Tensor::empty({64, 16}, DType::f32, kGpu), hd32 = z32.clone();
-  CHECK(!linear_act(x.to(DType::f32), w.to(DType::f32), {}, Activation::gelu_erf, z32, hd32));
+  CHECK(!linear_act(x.to(DType::f32), w.to(DType::f32), {}, Activation::gelu_erf, {}, z32, hd32));
   Tensor bad = Tensor::empty({64, 24}, DType::bf16, kGpu);
-  CHECK_THROWS_WITH(linear_act(x, w, {}, Activation::gelu_erf, z, bad),
+  CHECK_THROWS_WITH(linear_act(x, w, {}, Activation::gelu_erf, {}, z, bad),
                     doctest::Contains("[linear_act] hd"));
   const Tensor z_base = Tensor::empty({64 * 16 + 1}, DType::bf16, kGpu);
   const Tensor z_off = z_base.narrow(0, 1, 64 * 16).reshape({64, 16});  // 2-byte aligned
   Tensor dz = Tensor::empty({64, 16}, DType::bf16, kGpu);
   const Tensor w_t = rand64({32, 16}, g).to(DType::bf16).to(kGpu);
-  CHECK(!linear_act_backward(x, w_t, z_off, {}, Activation::gelu_erf, dz, hd));
+  CHECK(!linear_act_backward(x, w_t, z_off, {}, Activation::gelu_erf, {}, dz, hd));
   CHECK_THROWS_WITH(
-      cuda::sm90_gemm_nn_act_backward(x, w_t, z_off, {}, Activation::gelu_erf, dz, hd),
+      cuda::sm90_gemm_nn_act_backward(x, w_t, z_off, {}, Activation::gelu_erf, {}, dz, hd),
       doctest::Contains("the activation backward: z must be"));
   Tensor db = Tensor::empty({16}, DType::bf16, kGpu),
          db_short = Tensor::empty({8}, DType::bf16, kGpu);
-  CHECK_THROWS_WITH(cuda::sm90_gemm_nn_act_backward(x, w_t, z, {}, Activation::gelu_erf, dz, hd,
+  CHECK_THROWS_WITH(cuda::sm90_gemm_nn_act_backward(x, w_t, z, {}, Activation::gelu_erf, {}, dz, hd,
                                                     cuda::Sm90Schedule::pingpong, &db),
                     doctest::Contains("sums db only with the act_warpgroups schedule"));
-  CHECK_THROWS_WITH(cuda::sm90_gemm_nn_act_backward(x, w_t, z, {}, Activation::gelu_erf, dz, hd,
+  CHECK_THROWS_WITH(cuda::sm90_gemm_nn_act_backward(x, w_t, z, {}, Activation::gelu_erf, {}, dz, hd,
                                                     cuda::Sm90Schedule::act_warpgroups, &db_short),
                     doctest::Contains("db must be a contiguous [16] bf16"));
+  CHECK_THROWS_WITH(cuda::sm90_gemm_nt_act(x, w, {}, Activation::gelu_erf, {0.1f, 1, 0}, z, hd,
+                                           cuda::Sm90Schedule::pingpong),
+                    doctest::Contains("dropout (p = 0.1) runs only with the act_warpgroups"));
   Tensor c = Tensor::empty({64, 16}, DType::bf16, kGpu);
   CHECK_THROWS_WITH(
       cuda::sm90_gemm(x, w, c, {.trans_b = true, .schedule = cuda::Sm90Schedule::act_warpgroups}),
@@ -570,13 +585,15 @@ TEST_CASE("linear_act declines the CPU and checks its arguments") {
   Generator g(75);
   const Tensor x = rand64({5, 8}, g), w = rand64({16, 8}, g), w2 = rand64({8, 16}, g);
   Tensor z = Tensor::empty({5, 16}, DType::f64), hd = z.clone(), dz = z.clone();
-  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, z, hd));  // the CPU runs gemm + kernels
-  CHECK(!linear_act_backward(x, w2, z, {}, Activation::gelu_erf, dz, hd));
+  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, {}, z, hd));  // the CPU runs gemm + kernels
+  CHECK(!linear_act_backward(x, w2, z, {}, Activation::gelu_erf, {}, dz, hd));
   Tensor short_z = Tensor::empty({4, 16}, DType::f64);
-  CHECK_THROWS_WITH(linear_act(x, w, {}, Activation::gelu_erf, short_z, hd),
+  CHECK_THROWS_WITH(linear_act(x, w, {}, Activation::gelu_erf, {}, short_z, hd),
                     doctest::Contains("[linear_act] z"));
-  CHECK_THROWS_WITH(linear_act(x, w2, {}, Activation::gelu_erf, z, hd),
+  CHECK_THROWS_WITH(linear_act(x, w, {}, Activation::gelu_erf, {-0.5f, 1, 0}, z, hd),
+                    doctest::Contains("[linear_act]"));
+  CHECK_THROWS_WITH(linear_act(x, w2, {}, Activation::gelu_erf, {}, z, hd),
                     doctest::Contains("[linear_act] x is [5, 8] but w is [8, 16]"));
-  CHECK_THROWS_WITH(linear_act_backward(x, w, z, {}, Activation::gelu_erf, dz, hd),
+  CHECK_THROWS_WITH(linear_act_backward(x, w, z, {}, Activation::gelu_erf, {}, dz, hd),
                     doctest::Contains("[linear_act_backward] dy is [5, 8] but w is [16, 8]"));
 }

@@ -11,16 +11,17 @@
 #include "kernels/cuda/gemm/epilogue.cuh"  // store_pair, unpack
 #include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/cuda/gemm/tile_scheduler.cuh"
+#include "kernels/cuda/rowwise.cuh"  // DeviceMask
 
 namespace ffn::cuda::gemm {
 
 // Note [Activation warpgroup]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// Note [Activation epilogues]' arithmetic, moved off the warpgroup that runs the MMAs. At
-// GPT-2's fc1 (K = 768) a 128×128 tile's mainloop is about 5 us, and the activation of its
-// 16384 outputs (erf GELU: ~30 instructions an element, its derivative as well in the
-// backward: ~46) did not fit behind the other warpgroup's mainloop when the ping-pong
-// consumers ran it on their accumulators (ActTma: 1.04× GEMM + kernel forward, 1.74×
+// Note [Activation epilogues]' arithmetic (and the hidden dropout, below), moved off the
+// warpgroup that runs the MMAs. At GPT-2's fc1 (K = 768) a 128×128 tile's mainloop is about
+// 5 us, and the activation of its 16384 outputs (erf GELU: ~30 instructions an element, its
+// derivative as well in the backward: ~46) did not fit behind the other warpgroup's mainloop when
+// the ping-pong consumers ran it on their accumulators (ActTma: 1.04× GEMM + kernel forward, 1.74×
 // backward), nor with one warpgroup of its own (ncu: it issued one instruction in three
 // cycles, the consumers waited for its buffers). A CTA here has four warpgroups:
 //   0  producer: TMA loads of the A/B ring;
@@ -57,12 +58,23 @@ namespace ffn::cuda::gemm {
 // its shared-memory accesses (compute-sanitizer's racecheck follows that; with one thread's
 // mbarrier arrive after a warpgroup barrier it reported hazards).
 // Registers (setmaxnreg, 512 threads, 128 each at entry): producer 40, consumer 232 (its 128
-// accumulators), activation 120. db: each tile's column sums of the rounded dz over its 128
-// rows go to a [tiles_m, n] fp32 workspace in a fixed order (a thread's 8 rows of the two
-// row boxes, lanes ^8 and ^16, then warps 0, 1, 2, 3), and reduce_partials (Note
+// accumulators), activation 120. ptxas: no spill but in the f16 backward, 4 (erf) and 22
+// (tanh) bytes since the dropout's copy of the loop; producer 24 and activation 128 spilled
+// nothing by ptxas's count, but cuobjdump found local loads/stores in 7 of the 12 kernels and
+// they ran slower (session 15, call 2: the backward with dropout at ffn_d1024 0.505 against
+// 0.420 ms, without it at gpt2 0.251 against 0.237). The hidden
+// dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col .. + 7 with
+// col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is computed
+// and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
+// hd = act(z + b)·f, bias_act_dropout's products in its order, so the same bits; without
+// dropout the kernel runs a copy of the loop with neither the draws nor the products.
+// db: each tile's column sums of the rounded dz over its 128 rows go to a [tiles_m, n] fp32
+// workspace in a fixed order (a thread's 8 rows of the two row boxes, lanes ^8 and ^16, then
+// warps 0, 1, 2, 3), and reduce_partials (Note
 // [Deterministic column sums], stage 2) sums the tile rows in a fixed order: deterministic
-// and independent of the grid, no atomics. The outputs are bit-identical to the cooperative
-// ActTma's and to the GEMM followed by bias_act_dropout(_backward) with p = 0.
+// and independent of the grid, no atomics. The outputs are bit-identical to the GEMM followed
+// by bias_act_dropout(_backward) with the same DropoutSpec (and, without dropout, to the
+// cooperative ActTma's).
 template <bool kBackward>
 struct ActShared {
   static constexpr int kBoxBytes = 64 * 64 * 2;     // one 64×64 box of 16-bit elements
@@ -128,6 +140,9 @@ struct ActWarpgroup {
   // Backward: the saved z (read) and hd (written), contiguous [m, n], 16-byte aligned.
   const T* z = nullptr;
   T* hd = nullptr;
+  // The hidden dropout (Note [Activation warpgroup]): f the mask's factor of element
+  // row·n + col (Note [Dropout RNG]). Inactive: no Philox and no multiply.
+  DeviceMask mask{};
 
   // Eight elements' biases (zeros past n or without a bias).
   __device__ __forceinline__ void load_bias(int col, float (&bv)[8]) const {
@@ -140,6 +155,16 @@ struct ActWarpgroup {
 #pragma unroll
       for (int e = 0; e < 8; ++e) bv[e] = 0.0f;
     }
+  }
+
+  // Bit e set when element i0 + e is kept (i0 % 8 == 0: one Philox block, Note [Dropout RNG]).
+  __device__ __forceinline__ uint32_t keep_bits(int64_t i0) const {
+    const U32x4 r = philox_block(mask.keys, mask.offset, static_cast<uint64_t>(i0) >> 3);
+    uint32_t keep = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      keep |= static_cast<uint32_t>(((r.v[e >> 1] >> (16 * (e & 1))) & 0xffffu) >= mask.thr) << e;
+    return keep;
   }
 
   // The backward's 16-byte chunk of z or hd at (row, col), or null outside [m, n) (n % 8 == 0).
@@ -159,8 +184,20 @@ struct ActWarpgroup {
   }
 
   // Activation warpgroup c (0, 1): for every tile of the CTA, its two boxes (rb = 0, 1; cb = c).
+  // The dropout is a compile-time branch (a warp-uniform one, taken once per kernel), so a
+  // call without it runs no extra instruction.
   __device__ void run(int c, const ActShared<kBackward>& sh, const TileScheduler& sched,
                       const CUtensorMap* out1, const CUtensorMap* out2) const {
+    if (mask.active)
+      run_as<true>(c, sh, sched, out1, out2);
+    else
+      run_as<false>(c, sh, sched, out1, out2);
+  }
+
+  template <bool kDrop>
+  __device__ __forceinline__ void run_as(int c, const ActShared<kBackward>& sh,
+                                         const TileScheduler& sched, const CUtensorMap* out1,
+                                         const CUtensorMap* out2) const {
     using SH = ActShared<kBackward>;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
@@ -218,14 +255,24 @@ struct ActWarpgroup {
           const T* g = reinterpret_cast<const T*>(&graw);
           T* p1 = reinterpret_cast<T*>(&o1[i]);
           T* p2 = reinterpret_cast<T*>(&o2[i]);
+          // The mask's eight keep bits (one register, not eight float factors, which made the
+          // f16 backward spill more); the factor is scale or 0, as DeviceMask::factors has it.
+          uint32_t keep = 0;
+          if constexpr (kDrop)
+            keep = keep_bits(static_cast<int64_t>(rows + 64 * rb + r) * n + col + 8 * ch);
           if constexpr (kBackward) {
             const uint4 zraw = rb == 0 ? z0[i] : z1[i];
             const T* zt = reinterpret_cast<const T*>(&zraw);
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-              float val, d;
+              float val, d, gf = to_acc(g[e]);
               act_math::value_grad(to_acc(zt[e]) + bv[e], A, val, d);
-              p1[e] = from_acc<T>(to_acc(g[e]) * d);
+              if constexpr (kDrop) {  // bias_act_dropout_backward's (g·f)·d and val·f
+                const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
+                gf *= f;
+                val *= f;
+              }
+              p1[e] = from_acc<T>(gf * d);
               p2[e] = from_acc<T>(val);
               dsum[e] += to_acc(p1[e]);
             }
@@ -233,8 +280,11 @@ struct ActWarpgroup {
             if (at >= 0) *reinterpret_cast<uint4*>(hd + at) = o2[i];  // hd straight to memory
           } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-              p2[e] = from_acc<T>(act_math::value(to_acc(g[e]) + bv[e], A));
+            for (int e = 0; e < 8; ++e) {
+              float val = act_math::value(to_acc(g[e]) + bv[e], A);
+              if constexpr (kDrop) val *= (keep >> e) & 1u ? mask.scale : 0.0f;
+              p2[e] = from_acc<T>(val);
+            }
           }
         }
         if constexpr (kBackward) {  // box rb of the next tile's z (see above)

@@ -279,10 +279,11 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
 
 // Note [Activation warpgroup]: forward (a = x, b = W1 [h, d]: out = z) or backward (a = dz2,
 // b = W2 [d, h], z the saved z: out = dz); hd the second output.
-// db_part (backward, optional): [tiles_m, n] fp32 column sums of dz per 128-row tile.
+// db_part (backward, optional): [tiles_m, n] fp32 column sums of dz per 128-row tile; mask:
+// the hidden dropout's (inactive: none).
 template <class T, Activation A, bool kBackward>
 void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
-                const Tensor* z, const T* bias, float* db_part = nullptr) {
+                const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
   constexpr int kStage = 2 * 128 * 64 * 2;
   constexpr int kStages =
       std::min(6, (232448 - 1024 - 256 - ActShared<kBackward>::kBytes) / kStage);
@@ -304,6 +305,7 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   });
   const int grid = std::min(sched.num_units(), properties(dev).multiProcessorCount);
   ActWarpgroup<T, A, kBackward> act{bias, m, n, db_part};
+  act.mask = mask;
   if constexpr (kBackward) {
     act.z = static_cast<const T*>(z->data_ptr());
     act.hd = static_cast<T*>(hd.data_ptr());

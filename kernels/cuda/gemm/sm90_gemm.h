@@ -50,23 +50,27 @@ void sm90_gemm_nt_bias_act_dropout(const Tensor& x, const Tensor& w, const Tenso
                                    Activation act, const DropoutSpec& d, Tensor& hd, Tensor* z,
                                    Sm90Schedule schedule = Sm90Schedule::automatic);
 
-// The plain FFN's activation folded into its two GEMMs, without dropout (Note [Activation
-// epilogues]); outputs bit-identical to the unfused kernels' given the same product.
-//   forward:  z = x·wᵀ (x [m, k], w [n, k]) and hd = act(z + b), z stored without the bias;
-//   backward: dz = (dy·w) ⊙ act'(z + b) (dy [m, k], w [k, n], z [m, n] as the forward
-//             saved it) and hd = act(z + b) recomputed for dW2.
+// The plain FFN's activation and hidden dropout folded into its two GEMMs (Note [Activation
+// epilogues], Note [Activation warpgroup]); outputs bit-identical to the unfused kernels' given
+// the same product, the mask the same bits (Note [Dropout RNG]).
+//   forward:  z = x·wᵀ (x [m, k], w [n, k]) and hd = dropout(act(z + b)), z stored without
+//             the bias;
+//   backward: dz = dropout'(dy·w) ⊙ act'(z + b) (dy [m, k], w [k, n], z [m, n] as the
+//             forward saved it) and hd = dropout(act(z + b)) recomputed for dW2.
 // b may be undefined (no bias). sm90_gemm_act_supported says whether the product runs here:
 // sm90_gemm_supported for it, act one of gelu_erf, gelu_tanh, silu, n % 8 == 0 and a 16-byte
-// aligned out (z or dz); the calls check the other tensors and throw on a mismatch.
+// aligned out (z or dz); the calls check the other tensors and throw on a mismatch. An active
+// d needs the act_warpgroups schedule (or automatic, which is that one).
 bool sm90_gemm_act_supported(const Tensor& a, const Tensor& b, bool backward, Activation act,
                              const Tensor& out);
-void sm90_gemm_nt_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
-                      Tensor& hd, Sm90Schedule schedule = Sm90Schedule::automatic);
+void sm90_gemm_nt_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                      const DropoutSpec& d, Tensor& z, Tensor& hd,
+                      Sm90Schedule schedule = Sm90Schedule::automatic);
 // automatic is act_warpgroups. db (optional, [n]): Σ_rows dz in the same kernel, from
 // per-128-row-tile fp32 partials summed in a fixed order (deterministic, independent of the
 // grid; Note [Activation warpgroup]); act_warpgroups (or automatic) only.
 void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
-                               Activation act, Tensor& dz, Tensor& hd,
+                               Activation act, const DropoutSpec& d, Tensor& dz, Tensor& hd,
                                Sm90Schedule schedule = Sm90Schedule::automatic,
                                Tensor* db = nullptr);
 

@@ -1,6 +1,7 @@
 // kernels/cuda/gemm/sm90_gemm_act.cu — the Hopper GEMM with the FFN's activation in its
 // epilogue (kernels/cuda/gemm/sm90_gemm.h, Note [Activation epilogues]): fc1's forward and the
 // dhd product of the backward, each instantiated per activation.
+#include "kernels/checks.h"  // check_dropout
 #include "kernels/cuda/gemm/kernel.cuh"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 
@@ -39,7 +40,8 @@ void check_act_tensors(const char* what, const Tensor& out, const Tensor* z, con
 // [Activation epilogues]). Never split: these products fill the GPU.
 template <bool kBackward>
 void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Tensor* z,
-             const Tensor& bias, Activation act, Sm90Schedule schedule, Tensor* db = nullptr) {
+             const Tensor& bias, Activation act, const DropoutSpec& d, Sm90Schedule schedule,
+             Tensor* db = nullptr) {
   gemm::Tiling t;
   t.pingpong = schedule == Sm90Schedule::pingpong;
   t.bn = !t.pingpong && out.size(1) >= 256 ? 256 : 128;
@@ -51,7 +53,7 @@ void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Te
       if (schedule == Sm90Schedule::automatic || schedule == Sm90Schedule::act_warpgroups) {
         Tensor part;
         if (db) part = Tensor::empty({(m + 127) / 128, n}, DType::f32, out.device());
-        gemm::launch_act<T, A, kBackward>(a, b, out, hd, z, bp,
+        gemm::launch_act<T, A, kBackward>(a, b, out, hd, z, bp, DeviceMask::from(d),
                                           db ? static_cast<float*>(part.data_ptr()) : nullptr);
         if (db) {  // the tile rows' partials summed as Note [Deterministic column sums]' stage 2
           const int dev = out.device().index;
@@ -79,6 +81,15 @@ void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Te
     typed.template operator()<__half>();
 }
 
+// Dropout runs only on the activation warpgroups (ActTma has no mask).
+void check_act_dropout(const char* what, const DropoutSpec& d, Sm90Schedule schedule) {
+  detail::check_dropout(d, "sm90_gemm");
+  FFN_CHECK(!d.active() || schedule == Sm90Schedule::automatic ||
+                schedule == Sm90Schedule::act_warpgroups,
+            "[sm90_gemm] ", what, ": dropout (p = ", d.p,
+            ") runs only with the act_warpgroups schedule");
+}
+
 }  // namespace
 
 bool sm90_gemm_act_supported(const Tensor& a, const Tensor& b, bool backward, Activation act,
@@ -89,24 +100,26 @@ bool sm90_gemm_act_supported(const Tensor& a, const Tensor& b, bool backward, Ac
   return out.size(1) % 8 == 0 && aligned16(out);
 }
 
-void sm90_gemm_nt_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& z,
-                      Tensor& hd, Sm90Schedule schedule) {
+void sm90_gemm_nt_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                      const DropoutSpec& d, Tensor& z, Tensor& hd, Sm90Schedule schedule) {
   FFN_CHECK(sm90_gemm_act_supported(x, w, false, act, z), "[sm90_gemm] the activation forward ",
             "cannot run x ", shape_str(x.shape()), " ", dtype_name(x.dtype()), " · w ",
             shape_str(w.shape()), "ᵀ -> z ", shape_str(z.shape()), " with ", activation_name(act),
             " (sm90_gemm_act_supported says which operands it takes)");
   check_act_tensors("the activation forward", z, nullptr, hd, b);
-  run_act<false>(x, w, z, hd, nullptr, b, act, schedule);
+  check_act_dropout("the activation forward", d, schedule);
+  run_act<false>(x, w, z, hd, nullptr, b, act, d, schedule);
 }
 
 void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
-                               Activation act, Tensor& dz, Tensor& hd, Sm90Schedule schedule,
-                               Tensor* db) {
+                               Activation act, const DropoutSpec& d, Tensor& dz, Tensor& hd,
+                               Sm90Schedule schedule, Tensor* db) {
   FFN_CHECK(sm90_gemm_act_supported(dy, w, true, act, dz), "[sm90_gemm] the activation backward ",
             "cannot run dy ", shape_str(dy.shape()), " ", dtype_name(dy.dtype()), " · w ",
             shape_str(w.shape()), " -> dz ", shape_str(dz.shape()), " with ",
             activation_name(act), " (sm90_gemm_act_supported says which operands it takes)");
   check_act_tensors("the activation backward", dz, &z, hd, b);
+  check_act_dropout("the activation backward", d, schedule);
   if (db) {
     FFN_CHECK(schedule == Sm90Schedule::automatic || schedule == Sm90Schedule::act_warpgroups,
               "[sm90_gemm] the activation backward sums db only with the act_warpgroups schedule");
@@ -116,7 +129,7 @@ void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& 
               dtype_name(dz.dtype()), " tensor on the GPU, got ",
               db->defined() ? shape_str(db->shape()) : std::string("none"));
   }
-  run_act<true>(dy, w, dz, hd, &z, b, act, schedule, db);
+  run_act<true>(dy, w, dz, hd, &z, b, act, d, schedule, db);
 }
 
 }  // namespace ffn::cuda
