@@ -402,6 +402,30 @@ void act_epilogue_bench(int device, int warmup, int iters) {
         b_aw, b_aw_db, b_pp, b_coop, b_unfused, b_bare_lt, b_bare_ours);
     std::fflush(stdout);
   }
+  // The gated FFN's fc1 (Note [GLU warpgroup]): the GLU on the activation warpgroups against
+  // GEMM + bias_glu_dropout and the bare GEMM, at the GEGLU workloads' shapes.
+  for (const Fc1& sh : {Fc1{"geglu_d1024.fc1", 16384, 4096, 1024, Activation::gelu_tanh},
+                        Fc1{"geglu_d2048.fc1", 16384, 8192, 2048, Activation::gelu_tanh}}) {
+    const Tensor x = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
+    const Tensor w = Tensor::randn({2 * sh.h, sh.d}, g, DType::bf16, dev, 0.0, 0.05);
+    const Tensor b = Tensor::randn({2 * sh.h}, g, DType::bf16, dev);
+    Tensor z = Tensor::empty({sh.m, 2 * sh.h}, DType::bf16, dev);
+    Tensor out = Tensor::empty({sh.m, sh.h}, DType::bf16, dev);
+    auto t = [&](auto&& f) { return median_ms(device, warmup, iters, f); };
+    const double fused = t([&] { cuda::sm90_gemm_nt_glu(x, w, b, sh.act, {}, z, out); });
+    const double unfused = t([&] {
+      gemm(x, w, z, {.trans_b = true});
+      bias_glu_dropout(z, b, sh.act, {}, out);
+    });
+    const double bare = t([&] { cuda::sm90_gemm(x, w, z, {.trans_b = true}); });
+    const double bare_lt = t([&] { gemm(x, w, z, {.trans_b = true}); });
+    std::printf(
+        "{\"glu_epilogue\": \"%s\", \"act\": \"%s\", \"fwd_glu_warpgroups_ms\": %.4f, "
+        "\"fwd_unfused_ms\": %.4f, \"fwd_bare_ours_ms\": %.4f, "
+        "\"fwd_bare_cublaslt_ms\": %.4f}\n",
+        sh.name, activation_name(sh.act), fused, unfused, bare, bare_lt);
+    std::fflush(stdout);
+  }
   // Bias gradients: dW = dyᵀ·x with db = Σ_rows dy in the same cuBLASLt call (BGRADB)
   // against the GEMM followed by bias_grad (what ffn-train ran before).
   struct Wgrad {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/bias_act_dropout.h"
+#include "kernels/bias_glu_dropout.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
 #include "tests/kernels/kernel_tests.h"
@@ -579,6 +580,75 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
   CHECK_THROWS_WITH(
       cuda::sm90_gemm(x, w, c, {.trans_b = true, .schedule = cuda::Sm90Schedule::act_warpgroups}),
       doctest::Contains("act_warpgroups schedule is for the activation epilogues only"));
+}
+
+// Note [GLU warpgroup]: z = x·Wᵀ ([value | gate] rows of W in one tile) equals the plain
+// product bit for bit, out equals bias_glu_dropout of it, the mask included; the front door
+// runs it on Hopper from K = 1024 and declines elsewhere.
+FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_dropout") {
+  Generator g(76);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
+    return;
+  }
+  // (M, h, K): M = 1, ragged row tiles, one and several column blocks, more tiles than SMs
+  // (1100 × h 1024: 9 × 16 tiles), a K that is not a multiple of 64.
+  const int64_t dims[][3] = {{1, 64, 8}, {129, 128, 72}, {300, 192, 200}, {1100, 1024, 64}};
+  for (auto& dm : dims)
+    for (DType dt : {DType::bf16, DType::f16})
+      for (Activation act : {Activation::gelu_tanh, Activation::gelu_erf, Activation::silu})
+        for (float p : {0.0f, 0.1f}) {
+          const int64_t m = dm[0], h = dm[1], k = dm[2];
+          const bool bias = h != 128;  // one shape without a bias
+          const Tensor x = rand64({m, k}, g).to(dt).to(kGpu);
+          const Tensor w = rand64({2 * h, k}, g).to(dt).to(kGpu);
+          const Tensor b = bias ? rand64({2 * h}, g).to(dt).to(kGpu) : Tensor();
+          const DropoutSpec d{p > 0 && h == 192 ? 1.0f : p, 99, 5 + static_cast<uint64_t>(m)};
+          const std::string what = std::string("GLU epilogue ") + dtype_name(dt) + " " +
+                                   activation_name(act) + " m" + std::to_string(m) + " h" +
+                                   std::to_string(h) + " k" + std::to_string(k) + " p" +
+                                   std::to_string(d.p);
+          Tensor z = Tensor::full({m, 2 * h}, NAN, dt, kGpu),
+                 out = Tensor::full({m, h}, NAN, dt, kGpu);
+          REQUIRE(cuda::sm90_gemm_glu_supported(x, w, act, z));
+          cuda::sm90_gemm_nt_glu(x, w, b, act, d, z, out);
+          Tensor z_ref = Tensor::full({m, 2 * h}, NAN, dt, kGpu), out_ref = out.clone();
+          cuda::sm90_gemm(x, w, z_ref, {.trans_b = true, .schedule = cuda::Sm90Schedule::pingpong});
+          CHECK_MESSAGE(equal_and_written(z, z_ref), what, ": z");
+          bias_glu_dropout(z_ref, b, act, d, out_ref);
+          CHECK_MESSAGE(equal_and_written(out, out_ref), what, ": out");
+        }
+  // The front door: K = 1024 runs here, K = 768 and f32 decline; bad shapes are named.
+  for (int64_t kl : {768, 1024}) {
+    const Tensor x = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
+    const Tensor w = rand64({256, kl}, g).to(DType::bf16).to(kGpu);
+    Tensor z = Tensor::empty({200, 256}, DType::bf16, kGpu),
+           out = Tensor::empty({200, 128}, DType::bf16, kGpu);
+    CHECK(linear_glu(x, w, {}, Activation::silu, {}, z, out) == (kl >= 1024));
+  }
+  const Tensor x = rand64({8, 1024}, g).to(DType::bf16).to(kGpu);
+  const Tensor w =
+      rand64({200, 1024}, g).to(DType::bf16).to(kGpu);  // h = 100: not a multiple of 64
+  Tensor z = Tensor::empty({8, 200}, DType::bf16, kGpu),
+         out = Tensor::empty({8, 100}, DType::bf16, kGpu);
+  CHECK(!linear_glu(x, w, {}, Activation::silu, {}, z, out));
+  CHECK(!cuda::sm90_gemm_glu_supported(x, w, Activation::silu, z));
+  CHECK_THROWS_WITH(cuda::sm90_gemm_nt_glu(x, w, {}, Activation::silu, {}, z, out),
+                    doctest::Contains("[sm90_gemm] the GLU forward cannot run"));
+  Tensor bad = Tensor::empty({8, 64}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(linear_glu(x, w, {}, Activation::silu, {}, z, bad),
+                    doctest::Contains("[linear_glu] out"));
+}
+
+TEST_CASE("linear_glu declines the CPU and checks its arguments") {
+  Generator g(77);
+  const Tensor x = rand64({5, 8}, g), w = rand64({16, 8}, g);
+  Tensor z = Tensor::empty({5, 16}, DType::f64), out = Tensor::empty({5, 8}, DType::f64);
+  CHECK(!linear_glu(x, w, {}, Activation::silu, {}, z, out));
+  CHECK_THROWS_WITH(linear_glu(x, rand64({16, 7}, g), {}, Activation::silu, {}, z, out),
+                    doctest::Contains("[linear_glu] x is [5, 8] but w is [16, 7]"));
+  CHECK_THROWS_WITH(linear_glu(x, w, {}, Activation::silu, {2.0f, 1, 0}, z, out),
+                    doctest::Contains("[linear_glu]"));
 }
 
 TEST_CASE("linear_act declines the CPU and checks its arguments") {

@@ -129,9 +129,11 @@ __device__ __forceinline__ void stage_block(const float (&acc)[R], uint8_t* tile
 
 // The activation warpgroups (2 + c for column block c). out1 (TMA) is z (forward) or dz
 // (backward); hd goes out through out2 (TMA, forward) or the hd pointer (backward); bias
-// optional [n], n % 8 == 0.
-template <class T, Activation A, bool kBackward>
+// optional [n], n % 8 == 0. kGlu (forward only, Note [GLU warpgroup]): n is the GLU's
+// output width h, z is [m, 2h] and bias [2h].
+template <class T, Activation A, bool kBackward, bool kGlu = false>
 struct ActWarpgroup {
+  static_assert(!(kGlu && kBackward), "the GLU runs in the forward only");
   const T* bias;
   int m, n;
   // Backward, optional: db's per-tile-row partials, [tiles_m, n] fp32 (Note [Activation
@@ -144,10 +146,10 @@ struct ActWarpgroup {
   // row·n + col (Note [Dropout RNG]). Inactive: no Philox and no multiply.
   DeviceMask mask{};
 
-  // Eight elements' biases (zeros past n or without a bias).
-  __device__ __forceinline__ void load_bias(int col, float (&bv)[8]) const {
+  // Eight elements' biases (zeros past n or without a bias); at + skip (the GLU's gate half).
+  __device__ __forceinline__ void load_bias(int col, float (&bv)[8], int skip = 0) const {
     if (bias && col < n) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(bias + col));
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(bias + skip + col));
       const T* bt = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int e = 0; e < 8; ++e) bv[e] = to_acc(bt[e]);
@@ -188,10 +190,92 @@ struct ActWarpgroup {
   // call without it runs no extra instruction.
   __device__ void run(int c, const ActShared<kBackward>& sh, const TileScheduler& sched,
                       const CUtensorMap* out1, const CUtensorMap* out2) const {
-    if (mask.active)
-      run_as<true>(c, sh, sched, out1, out2);
-    else
-      run_as<false>(c, sh, sched, out1, out2);
+    if constexpr (kGlu) {
+      if (mask.active)
+        run_glu<true>(c, sh, sched, out1, out2);
+      else
+        run_glu<false>(c, sh, sched, out1, out2);
+    } else {
+      if (mask.active)
+        run_as<true>(c, sh, sched, out1, out2);
+      else
+        run_as<false>(c, sh, sched, out1, out2);
+    }
+  }
+
+  // Note [GLU warpgroup]
+  // ~~~~~~~~~~~~~~~~~~~~
+  // The gated FFN's fc1 (GEGLU, SwiGLU) on the activation warpgroups: z = x·Wᵀ with W [2h, d]
+  // ([value | gate] rows), out = dropout((z_v + b_v) ⊙ act(z_g + b_g)), bias_glu_dropout's
+  // arithmetic in its order. Tile column block tn holds value columns [64tn, 64tn + 64) in
+  // its first 64 columns and the matching gate columns h + [64tn, 64tn + 64) in the other 64:
+  // the producer loads W's two 64-row boxes into the two halves of the B tile (the same
+  // shared-memory image as one 128-row box, so the mainloop and the consumer are unchanged),
+  // and the scheduler has h / 64 column blocks (h % 64 == 0). Activation warpgroup c takes
+  // row box c: it stores the box's z value and gate halves with TMA (at columns 64tn and
+  // h + 64tn of z), computes its 64 × 64 outputs from both, writes them over the value half
+  // once the z stores have read it and stores that box to out at column 64tn. The mask of
+  // out's element row·h + col is bias_glu_dropout's, so the outputs are bit-identical to the
+  // GEMM followed by bias_glu_dropout.
+  template <bool kDrop>
+  __device__ __forceinline__ void run_glu(int c, const ActShared<kBackward>& sh,
+                                          const TileScheduler& sched, const CUtensorMap* zmap,
+                                          const CUtensorMap* outmap) const {
+    using SH = ActShared<kBackward>;
+    const int t = threadIdx.x % 128;
+    const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of the box
+    const int own = SH::act_barrier(c);
+    int j = 0;
+    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+      const Unit un = sched.unit(u);
+      const int b = j & 1;
+      const int row = 128 * un.tm + 64 * c, col = 64 * un.tn;
+      uint8_t* vbox = sh.staged(b) + (2 * c) * SH::kBoxBytes;  // value half of row box c
+      uint8_t* gbox = vbox + SH::kBoxBytes;                    // gate half
+      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
+      if (j > 0) release(c, sh, j - 1, u - static_cast<int>(gridDim.x), sched);
+      if (t == 0) {  // z leaves as the GEMM rounded it
+        tma_store_2d(zmap, vbox, col, row);
+        tma_store_2d(zmap, gbox, n + col, row);
+        tma_store_commit();
+      }
+      float bv[8], bg[8];
+      load_bias(col + 8 * ch, bv);
+      load_bias(col + 8 * ch, bg, n);
+      uint4 o[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = r0 + 16 * i;
+        const int off = r * 128 + ((ch ^ (r & 7)) << 4);
+        const uint4 vraw = *reinterpret_cast<const uint4*>(vbox + off);
+        const uint4 graw = *reinterpret_cast<const uint4*>(gbox + off);
+        const T* v = reinterpret_cast<const T*>(&vraw);
+        const T* g = reinterpret_cast<const T*>(&graw);
+        T* out = reinterpret_cast<T*>(&o[i]);
+        uint32_t keep = 0;
+        if constexpr (kDrop) keep = keep_bits(static_cast<int64_t>(row + r) * n + col + 8 * ch);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float val = (to_acc(v[e]) + bv[e]) * act_math::value(to_acc(g[e]) + bg[e], A);
+          if constexpr (kDrop) val *= (keep >> e) & 1u ? mask.scale : 0.0f;
+          out[e] = from_acc<T>(val);
+        }
+      }
+      if (t == 0) tma_store_wait_read<0>();  // the z stores have read the value half
+      named_barrier_sync(own, 128);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = r0 + 16 * i;
+        *reinterpret_cast<uint4*>(vbox + r * 128 + ((ch ^ (r & 7)) << 4)) = o[i];
+      }
+      fence_proxy_async_smem();
+      named_barrier_sync(own, 128);
+      if (t == 0) {
+        tma_store_2d(outmap, vbox, col, row);
+        tma_store_commit();
+      }
+    }
+    if (t == 0) tma_store_wait_all();
   }
 
   template <bool kDrop>

@@ -153,11 +153,11 @@ __global__ void __launch_bounds__(384, 1)
 // Note [Activation warpgroup]'s kernel: 128×128 tiles, one consumer warpgroup, A K-major (x
 // or dz2), B K-major in the forward (W1 as [h, d]) and MN-major in the backward (W2 as
 // [d, h]). tc: z or dz; tc2: hd; tz: the saved z (backward).
-template <class T, int STAGES, Activation A, bool kBackward>
+template <class T, int STAGES, Activation A, bool kBackward, bool kGlu>
 __global__ void __launch_bounds__(512, 1)
     gemm_act_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
-                    TileScheduler sched, ActWarpgroup<T, A, kBackward> act) {
+                    TileScheduler sched, ActWarpgroup<T, A, kBackward, kGlu> act) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward>;
   using SH = ActShared<kBackward>;
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(512, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<40>();
-    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched);
+    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, kGlu ? act.n : 0);
   } else if (wg == 1) {
     regs_alloc<232>();
     const int wg_thread = threadIdx.x % 128;
@@ -280,8 +280,9 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
 // Note [Activation warpgroup]: forward (a = x, b = W1 [h, d]: out = z) or backward (a = dz2,
 // b = W2 [d, h], z the saved z: out = dz); hd the second output.
 // db_part (backward, optional): [tiles_m, n] fp32 column sums of dz per 128-row tile; mask:
-// the hidden dropout's (inactive: none).
-template <class T, Activation A, bool kBackward>
+// the hidden dropout's (inactive: none). kGlu (forward, Note [GLU warpgroup]): b = W [2h, d],
+// out = z [m, 2h], hd = the GLU's output [m, h], h % 64 == 0.
+template <class T, Activation A, bool kBackward, bool kGlu = false>
 void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
                 const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
   constexpr int kStage = 2 * 128 * 64 * 2;
@@ -291,20 +292,21 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   using ML = Mainloop<T, 128, kStages, 4, false, kBackward>;
   const int dev = a.device().index;
   DeviceGuard guard(dev);
-  const int m = static_cast<int>(out.size(0)), n = static_cast<int>(out.size(1));
+  const int m = static_cast<int>(out.size(0));
+  const int n = static_cast<int>(kGlu ? hd.size(1) : out.size(1));  // kGlu: h
   const int k = static_cast<int>(a.size(1));
-  const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, kBackward ? 64 : 128);
+  const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, kBackward || kGlu ? 64 : 128);
   const CUtensorMap tc = tensor_map(out, 64);
   const CUtensorMap tc2 = kBackward ? CUtensorMap{} : tensor_map(hd, 64);
-  const TileScheduler sched{(m + 127) / 128, (n + 127) / 128, (k + 63) / 64, 1};
-  auto kernel = gemm_act_kernel<T, kStages, A, kBackward>;
+  const TileScheduler sched{(m + 127) / 128, kGlu ? n / 64 : (n + 127) / 128, (k + 63) / 64, 1};
+  auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu>;
   const int smem = ML::smem_bytes(ActShared<kBackward>::kBytes);
   static std::once_flag once[8];
   std::call_once(once[dev % 8], [&] {
     FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   });
   const int grid = std::min(sched.num_units(), properties(dev).multiProcessorCount);
-  ActWarpgroup<T, A, kBackward> act{bias, m, n, db_part};
+  ActWarpgroup<T, A, kBackward, kGlu> act{bias, m, n, db_part};
   act.mask = mask;
   if constexpr (kBackward) {
     act.z = static_cast<const T*>(z->data_ptr());

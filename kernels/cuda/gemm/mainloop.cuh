@@ -97,9 +97,11 @@ struct Mainloop {
     fence_barrier_init();
   }
 
-  // The producer thread: every k-block of every unit of this CTA, in order.
-  __device__ void produce(const CUtensorMap* ta, const CUtensorMap* tb,
-                          const TileScheduler& sched) const {
+  // The producer thread: every k-block of every unit of this CTA, in order. glu_h > 0 (K-major
+  // B with BN = 128, its map's box 64 rows; Note [GLU warpgroup]): column block tn's B tile is
+  // rows [64tn, 64tn + 64) and glu_h + [64tn, 64tn + 64) of B.
+  __device__ void produce(const CUtensorMap* ta, const CUtensorMap* tb, const TileScheduler& sched,
+                          int glu_h = 0) const {
     int stage = 0;
     uint32_t phase = 0;
     for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x) {
@@ -108,6 +110,14 @@ struct Mainloop {
         mbar_wait(&empty[stage], phase ^ 1);
         mbar_arrive_expect_tx(&full[stage], kStageBytes);
         load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, w.tm * BM);
+        if constexpr (!B_MN && BN == 128) {
+          if (glu_h > 0) {
+            tma_load_2d(b_tile(stage), tb, &full[stage], kb * BK, w.tn * 64);
+            tma_load_2d(b_tile(stage) + 64 * BK * 2, tb, &full[stage], kb * BK, glu_h + w.tn * 64);
+            if (++stage == kStages) stage = 0, phase ^= 1;
+            continue;
+          }
+        }
         load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, w.tn * BN);
         if (++stage == kStages) stage = 0, phase ^= 1;
       }

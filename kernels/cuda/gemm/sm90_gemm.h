@@ -74,4 +74,13 @@ void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& 
                                Sm90Schedule schedule = Sm90Schedule::automatic,
                                Tensor* db = nullptr);
 
+// The gated FFN's fc1 in one kernel (Note [GLU warpgroup]): z = x·wᵀ (x [m, k], w [2h, k] as
+// [value | gate] rows, z [m, 2h] stored without the bias) and out = dropout((z_v + b_v) ⊙
+// act(z_g + b_g)) [m, h], bit-identical to the GEMM followed by bias_glu_dropout. b optional
+// [2h]. sm90_gemm_glu_supported: sm90_gemm_supported for x·wᵀ -> z, act one of gelu_erf,
+// gelu_tanh, silu, h % 64 == 0 and a 16-byte aligned z.
+bool sm90_gemm_glu_supported(const Tensor& x, const Tensor& w, Activation act, const Tensor& z);
+void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                      const DropoutSpec& d, Tensor& z, Tensor& out);
+
 }  // namespace ffn::cuda

@@ -1,6 +1,7 @@
 // kernels/cuda/gemm/sm90_gemm_act.cu — the Hopper GEMM with the FFN's activation in its
 // epilogue (kernels/cuda/gemm/sm90_gemm.h, Note [Activation epilogues]): fc1's forward and the
-// dhd product of the backward, each instantiated per activation.
+// dhd product of the backward, and the gated FFN's fc1 forward (Note [GLU warpgroup]), each
+// instantiated per activation.
 #include "kernels/checks.h"  // check_dropout
 #include "kernels/cuda/gemm/kernel.cuh"
 #include "kernels/cuda/gemm/sm90_gemm.h"
@@ -130,6 +131,57 @@ void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& 
               db->defined() ? shape_str(db->shape()) : std::string("none"));
   }
   run_act<true>(dy, w, dz, hd, &z, b, act, d, schedule, db);
+}
+
+bool sm90_gemm_glu_supported(const Tensor& x, const Tensor& w, Activation act, const Tensor& z) {
+  if (act != Activation::gelu_erf && act != Activation::gelu_tanh && act != Activation::silu)
+    return false;
+  if (!sm90_gemm_supported(x, w, z, false, true)) return false;
+  return z.size(1) % 128 == 0 && aligned16(z);
+}
+
+void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                      const DropoutSpec& d, Tensor& z, Tensor& out) {
+  FFN_CHECK(sm90_gemm_glu_supported(x, w, act, z), "[sm90_gemm] the GLU forward cannot run x ",
+            shape_str(x.shape()), " ", dtype_name(x.dtype()), " · w ", shape_str(w.shape()),
+            "ᵀ -> z ", shape_str(z.shape()), " with ", activation_name(act),
+            " (sm90_gemm_glu_supported says which operands it takes)");
+  detail::check_dropout(d, "sm90_gemm");
+  const int64_t h = z.size(1) / 2;
+  FFN_CHECK(out.defined() && out.is_cuda() && out.dtype() == z.dtype() && out.dim() == 2 &&
+                out.size(0) == z.size(0) && out.size(1) == h && out.is_contiguous() &&
+                aligned16(out),
+            "[sm90_gemm] the GLU forward: out must be a contiguous, 16-byte aligned [", z.size(0),
+            ", ", h, "] ", dtype_name(z.dtype()), " tensor on the GPU, got ",
+            out.defined() ? shape_str(out.shape()) : std::string("none"));
+  if (b.defined())
+    FFN_CHECK(b.is_cuda() && b.dtype() == z.dtype() && b.dim() == 1 && b.size(0) == 2 * h &&
+                  b.is_contiguous() && aligned16(b),
+              "[sm90_gemm] the GLU forward: the bias must be a contiguous, 16-byte aligned [",
+              2 * h, "] ", dtype_name(z.dtype()), " tensor, got ", shape_str(b.shape()));
+  auto typed = [&]<class T>() {
+    const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
+    auto go = [&]<Activation A>() {
+      gemm::launch_act<T, A, false, true>(x, w, z, out, nullptr, bp, DeviceMask::from(d));
+    };
+    switch (act) {
+      case Activation::gelu_erf:
+        go.template operator()<Activation::gelu_erf>();
+        break;
+      case Activation::gelu_tanh:
+        go.template operator()<Activation::gelu_tanh>();
+        break;
+      case Activation::silu:
+        go.template operator()<Activation::silu>();
+        break;
+      default:
+        FFN_THROW("[sm90_gemm] no GLU epilogue for ", activation_name(act));
+    }
+  };
+  if (z.dtype() == DType::bf16)
+    typed.template operator()<__nv_bfloat16>();
+  else
+    typed.template operator()<__half>();
 }
 
 }  // namespace ffn::cuda
