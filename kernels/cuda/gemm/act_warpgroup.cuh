@@ -20,10 +20,11 @@ namespace ffn::cuda::gemm {
 // Note [Activation epilogues]' arithmetic (and the hidden dropout, below), moved off the
 // warpgroup that runs the MMAs. At GPT-2's fc1 (K = 768) a 128×128 tile's mainloop is about
 // 5 us, and the activation of its 16384 outputs (erf GELU: ~30 instructions an element, its
-// derivative as well in the backward: ~46) did not fit behind the other warpgroup's mainloop when
-// the ping-pong consumers ran it on their accumulators (ActTma: 1.04× GEMM + kernel forward, 1.74×
-// backward), nor with one warpgroup of its own (ncu: it issued one instruction in three
-// cycles, the consumers waited for its buffers). A CTA here has four warpgroups:
+// derivative as well in the backward: ~46) did not fit behind the other warpgroup's
+// mainloop when the ping-pong consumers ran it on their accumulators (ActTma: 1.04× GEMM +
+// kernel forward, 1.74× backward), nor with one warpgroup of its own (ncu: it issued one
+// instruction in three cycles, the consumers waited for its buffers). A CTA here has four
+// warpgroups:
 //   0  producer: TMA loads of the A/B ring;
 //   1  the consumer: every tile's mainloop (128×128, both 64-row halves), then it only
 //      rounds the accumulators to T (exactly the GEMM's stored output) into staged[j % 2],
@@ -62,10 +63,10 @@ namespace ffn::cuda::gemm {
 // (tanh) bytes since the dropout's copy of the loop; producer 24 and activation 128 spilled
 // nothing by ptxas's count, but cuobjdump found local loads/stores in 7 of the 12 kernels and
 // they ran slower (session 15, call 2: the backward with dropout at ffn_d1024 0.505 against
-// 0.420 ms, without it at gpt2 0.251 against 0.237). The hidden
-// dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col .. + 7 with
-// col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is computed
-// and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
+// 0.420 ms, without it at gpt2 0.251 against 0.237).
+// The hidden dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col ..
+// + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
+// computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
 // hd = act(z + b)·f, bias_act_dropout's products in its order, so the same bits; without
 // dropout the kernel runs a copy of the loop with neither the draws nor the products.
 // db: each tile's column sums of the rounded dz over its 128 rows go to a [tiles_m, n] fp32
@@ -146,7 +147,8 @@ struct ActWarpgroup {
   // row·n + col (Note [Dropout RNG]). Inactive: no Philox and no multiply.
   DeviceMask mask{};
 
-  // Eight elements' biases (zeros past n or without a bias); at + skip (the GLU's gate half).
+  // Eight elements' biases from bias + skip + col (skip = n: the GLU's gate half); zeros past
+  // n or without a bias.
   __device__ __forceinline__ void load_bias(int col, float (&bv)[8], int skip = 0) const {
     if (bias && col < n) {
       const uint4 raw = __ldg(reinterpret_cast<const uint4*>(bias + skip + col));
@@ -186,8 +188,8 @@ struct ActWarpgroup {
   }
 
   // Activation warpgroup c (0, 1): for every tile of the CTA, its two boxes (rb = 0, 1; cb = c).
-  // The dropout is a compile-time branch (a warp-uniform one, taken once per kernel), so a
-  // call without it runs no extra instruction.
+  // With or without dropout is decided once per kernel (a warp-uniform branch) between two
+  // compiled copies of the loop, so a call without it runs no extra instruction.
   __device__ void run(int c, const ActShared<kBackward>& sh, const TileScheduler& sched,
                       const CUtensorMap* out1, const CUtensorMap* out2) const {
     if constexpr (kGlu) {
