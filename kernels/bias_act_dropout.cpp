@@ -75,11 +75,6 @@ constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 // db gpt2 0.369 vs 0.332 and 0.358 vs 0.333, ffn_d1024 0.420 vs 0.447 and 0.427 vs 0.441,
 // ffn_d4096 2.10 vs 2.20 and 2.19 vs 2.14 (a tie). So with dropout they run from K = 1024.
 constexpr int64_t kActDropoutMinK = 1024;
-
-// Contiguous with a 16-byte aligned start: what the fused GEMMs' TMA and vector accesses need.
-bool dense16(const Tensor& t) {
-  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
 }  // namespace
 
 bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
@@ -95,8 +90,8 @@ bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
   detail::check_like(hd, x, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
   if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < (d.active() ? kActDropoutMinK : kActMinK) ||
-      !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !dense16(hd) ||
-      (b.defined() && !dense16(b)))
+      !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !detail::dense16(hd) ||
+      (b.defined() && !detail::dense16(b)))
     return false;
   cuda::sm90_gemm_nt_act(x, w, b, act, d, z, hd, kActSchedule);
   return true;
@@ -118,8 +113,8 @@ bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
   if (db) detail::check_like(*db, dy, {w.size(1)}, op, "db");
   if (!dy.is_cuda() || !gemm_epilogues() ||
       dy.size(1) < (d.active() ? kActDropoutMinK : kActMinK) ||
-      !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !dense16(z) || !dense16(hd) ||
-      (b.defined() && !dense16(b)))
+      !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !detail::dense16(z) ||
+      !detail::dense16(hd) || (b.defined() && !detail::dense16(b)))
     return false;
   cuda::sm90_gemm_nn_act_backward(dy, w, z, b, act, d, dz, hd, kActSchedule, db);  // db in kernel
   return true;

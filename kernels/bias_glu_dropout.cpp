@@ -60,13 +60,10 @@ namespace {
 // 0.595 ms (bare GEMM ours 0.436, cuBLASLt 0.384), geglu_d2048 (K = 2048) 1.75 against 1.94.
 // Smaller K (llama_char's 384) was not measured, so it keeps the unfused pair.
 constexpr int64_t kGluMinK = 1024;
-bool dense16(const Tensor& t) {
-  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
 }  // namespace
 
-bool linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
-                const DropoutSpec& d, Tensor& z, Tensor& out) {
+Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                  const DropoutSpec& d, Tensor& out) {
   const char* op = "linear_glu";
   detail::check_dropout(d, op);
   detail::check_matrix(x, op, "x");
@@ -74,14 +71,15 @@ bool linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
   FFN_CHECK(w.size(1) == x.size(1) && w.size(0) % 2 == 0, "[linear_glu] x is [", x.size(0), ", ",
             x.size(1), "] but w is ", shape_str(w.shape()), " (expected [2h, ", x.size(1), "])");
   detail::check_like(w, x, w.shape(), op, "w");
-  detail::check_like(z, x, {x.size(0), w.size(0)}, op, "z");
   detail::check_like(out, x, {x.size(0), w.size(0) / 2}, op, "out");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
-  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kGluMinK ||
-      !cuda::sm90_gemm_glu_supported(x, w, act, z) || !dense16(out) || (b.defined() && !dense16(b)))
-    return false;
+  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kGluMinK || !detail::dense16(out) ||
+      (b.defined() && !detail::dense16(b)))
+    return {};
+  Tensor z = Tensor::empty({x.size(0), w.size(0)}, x.dtype(), x.device());
+  if (!cuda::sm90_gemm_glu_supported(x, w, act, z)) return {};
   cuda::sm90_gemm_nt_glu(x, w, b, act, d, z, out);
-  return true;
+  return z;
 }
 
 }  // namespace ffn

@@ -23,13 +23,14 @@ void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor
                         const DropoutSpec& d, Tensor& dz, Tensor* db, Tensor* out);
 
 // The forward folded into fc1's GEMM where the GPU can (the own Hopper GEMM's activation
-// warpgroups, Note [GLU warpgroup]; on while gemm_epilogues() is): z = x·wᵀ (x [M, K], w [2h, K]
-// as [value | gate] rows, z [M, 2h] without the bias) and out = bias_glu_dropout(z), with its
-// arithmetic and mask. Returns false and computes nothing where it does not run or was not
-// measured faster (the CPU, f32, non-Hopper GPUs, h % 64 != 0, K below 1024): the caller then
-// runs gemm and bias_glu_dropout.
-bool linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
-                const DropoutSpec& d, Tensor& z, Tensor& out);
+// warpgroups, Note [GLU warpgroup]; on while gemm_epilogues() is): out = bias_glu_dropout(z)
+// with its arithmetic and mask, for z = x·wᵀ (x [M, K], w [2h, K] as [value | gate] rows),
+// which it returns ([M, 2h], without the bias: what the backward reads). Returns an undefined
+// tensor and computes nothing where it does not run or was not measured faster (the CPU,
+// f32, non-Hopper GPUs, h % 64 != 0, K below 1024): the caller then runs gemm and
+// bias_glu_dropout.
+Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
+                  const DropoutSpec& d, Tensor& out);
 
 namespace cpu {
 void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const DropoutSpec& d,

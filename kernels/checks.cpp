@@ -11,6 +11,10 @@ void check_dropout(const DropoutSpec& d, const char* op) {
   check_dropout_p(d.p, op);  // Note [Dropout probability]
 }
 
+bool dense16(const Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
 void check_matrix(const Tensor& t, const char* op, const char* name) {
   check_defined(t, op, name);
   check_dim(t, 2, op, name);

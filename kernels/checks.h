@@ -1,5 +1,5 @@
 // kernels/checks.h — argument checks shared by the fused elementwise ops' front doors
-// (defined in kernels/cpu/checks.cpp). Each names the op and the offending values.
+// (defined in kernels/checks.cpp). Each names the op and the offending values.
 #pragma once
 
 #include "core/philox.h"
@@ -14,6 +14,9 @@ void check_matrix(const Tensor& t, const char* op, const char* name);
 // Defined, of `shape`, on ref's device and dtype, contiguous (outputs are written in place).
 void check_like(const Tensor& t, const Tensor& ref, const Shape& shape, const char* op,
                 const char* name);
+// Contiguous with a 16-byte aligned start: what the fused Hopper GEMMs' TMA and 16-byte
+// accesses need (their front doors decline otherwise).
+bool dense16(const Tensor& t);
 
 }  // namespace ffn::detail
 

@@ -77,13 +77,9 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
     // The gated FFN's fc1 with its GLU in the GEMM where it runs (linear_glu, Note [GLU
     // warpgroup]; z saved without the bias, as below).
     Tensor z;
-    bool own = false;
-    if (cfg.gated && p.w1.defined() && !cfg.recompute && x.is_cuda() && gemm_epilogues()) {
-      z = Tensor::empty({m, h1}, x.dtype(), x.device());
-      own = linear_glu(x, p.w1, p.b1, cfg.act, d.hidden, z, hd);
-    }
-    if (!own) {
-      z = Tensor();  // a declined buffer goes back before matmul allocates its own
+    if (cfg.gated && p.w1.defined() && !cfg.recompute && x.is_cuda() && gemm_epilogues())
+      z = linear_glu(x, p.w1, p.b1, cfg.act, d.hidden, hd);
+    if (!z.defined()) {
       z = p.w1.defined() ? matmul(x, p.w1, {.trans_b = true}) : x;
       if (cfg.gated)
         bias_glu_dropout(z, p.b1, cfg.act, d.hidden, hd);
