@@ -403,7 +403,8 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     std::fflush(stdout);
   }
   // The gated FFN's fc1 (Note [GLU warpgroup]): the GLU on the activation warpgroups against
-  // GEMM + bias_glu_dropout and the bare GEMM, at the GEGLU workloads' shapes.
+  // GEMM + bias_glu_dropout and the bare GEMM, at the GEGLU workloads' shapes; then its
+  // backward's dhd product (with db1) against GEMM + bias_glu_dropout_backward.
   for (const Fc1& sh : {Fc1{"geglu_d1024.fc1", 16384, 4096, 1024, Activation::gelu_tanh},
                         Fc1{"geglu_d2048.fc1", 16384, 8192, 2048, Activation::gelu_tanh}}) {
     const Tensor x = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
@@ -419,11 +420,25 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     });
     const double bare = t([&] { cuda::sm90_gemm(x, w, z, {.trans_b = true}); });
     const double bare_lt = t([&] { gemm(x, w, z, {.trans_b = true}); });
+    // The backward's dhd = dz2·W2 product with dz, db1 and the recomputed out.
+    const Tensor w2 = Tensor::randn({sh.d, sh.h}, g, DType::bf16, dev, 0.0, 0.05);
+    const Tensor dz2 = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
+    Tensor dz = z.clone(), dhd = out.clone(), db = b.clone();
+    const double b_fused =
+        t([&] { cuda::sm90_gemm_nn_glu_backward(dz2, w2, z, b, sh.act, {}, dz, out, &db); });
+    const double b_unfused = t([&] {
+      gemm(dz2, w2, dhd);
+      bias_glu_dropout_backward(dhd, z, b, sh.act, {}, dz, &db, &out);
+    });
+    const double b_bare = t([&] { cuda::sm90_gemm(dz2, w2, dhd); });
+    const double b_bare_lt = t([&] { gemm(dz2, w2, dhd); });
     std::printf(
         "{\"glu_epilogue\": \"%s\", \"act\": \"%s\", \"fwd_glu_warpgroups_ms\": %.4f, "
         "\"fwd_unfused_ms\": %.4f, \"fwd_bare_ours_ms\": %.4f, "
-        "\"fwd_bare_cublaslt_ms\": %.4f}\n",
-        sh.name, activation_name(sh.act), fused, unfused, bare, bare_lt);
+        "\"fwd_bare_cublaslt_ms\": %.4f, \"bwd_glu_warpgroups_db_ms\": %.4f, "
+        "\"bwd_unfused_ms\": %.4f, \"bwd_bare_ours_ms\": %.4f, \"bwd_bare_cublaslt_ms\": %.4f}\n",
+        sh.name, activation_name(sh.act), fused, unfused, bare, bare_lt, b_fused, b_unfused, b_bare,
+        b_bare_lt);
     std::fflush(stdout);
   }
   // Bias gradients: dW = dyᵀ·x with db = Σ_rows dy in the same cuBLASLt call (BGRADB)

@@ -82,4 +82,28 @@ Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
   return z;
 }
 
+bool linear_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
+                         Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
+                         Tensor* db) {
+  const char* op = "linear_glu_backward";
+  detail::check_dropout(d, op);
+  detail::check_matrix(dy, op, "dy");
+  detail::check_matrix(w, op, "w");
+  FFN_CHECK(w.size(0) == dy.size(1), "[linear_glu_backward] dy is [", dy.size(0), ", ", dy.size(1),
+            "] but w is ", shape_str(w.shape()), " (expected [", dy.size(1), ", h])");
+  const int64_t h = w.size(1);
+  detail::check_like(w, dy, w.shape(), op, "w");
+  detail::check_like(z, dy, {dy.size(0), 2 * h}, op, "z");
+  detail::check_like(dz, dy, z.shape(), op, "dz");
+  detail::check_like(out, dy, {dy.size(0), h}, op, "out");
+  if (b.defined()) detail::check_like(b, dy, {2 * h}, op, "b");
+  if (db) detail::check_like(*db, dy, {2 * h}, op, "db");
+  if (!dy.is_cuda() || !gemm_epilogues() || dy.size(1) < kGluMinK ||
+      !cuda::sm90_gemm_glu_backward_supported(dy, w, act, out) || !detail::dense16(z) ||
+      !detail::dense16(dz) || (b.defined() && !detail::dense16(b)) || (db && !db->is_contiguous()))
+    return false;
+  cuda::sm90_gemm_nn_glu_backward(dy, w, z, b, act, d, dz, out, db);
+  return true;
+}
+
 }  // namespace ffn

@@ -149,6 +149,13 @@ void sm90_gemm_nt_glu(const Tensor&, const Tensor&, const Tensor&, Activation, c
                       Tensor&, Tensor&) {
   no_cuda("sm90_gemm");
 }
+bool sm90_gemm_glu_backward_supported(const Tensor&, const Tensor&, Activation, const Tensor&) {
+  return false;
+}
+void sm90_gemm_nn_glu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               Activation, const DropoutSpec&, Tensor&, Tensor&, Tensor*) {
+  no_cuda("sm90_gemm");
+}
 
 bool sm90_attention_supported(const Tensor&, int64_t) {
   return false;

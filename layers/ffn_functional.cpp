@@ -115,9 +115,10 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   check_same_dtype(dy, x, "ffn_backward", "dy", "x");
   FfnGrads g;
 
-  // db1 comes from the fused activation backward (linear_act_backward) where it runs; db2
-  // from the dropout pass, or a column-sum pass of its own (on an H100 faster, with the bare
-  // dW2 GEMM, than cuBLASLt's BGRADB epilogue: bench/RESULTS.md, session 14).
+  // db1 comes from the fused activation backward (linear_act_backward, linear_glu_backward)
+  // where it runs; db2 from the dropout pass, or a column-sum pass of its own (on an H100
+  // faster, with the bare dW2 GEMM, than cuBLASLt's BGRADB epilogue: bench/RESULTS.md,
+  // session 14).
   // fc2: dz2 = dropout_o'(dy), db2 fused into that pass.
   Tensor dz2 = dy;
   if (p.w2.defined()) {
@@ -131,7 +132,8 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   }
 
   // The middle: dz (and db1) from dhd = dz2·W2 and the saved z, recomputing hd for dW2 on the
-  // way; in dhd's GEMM epilogue where it can (linear_act_backward), else in one fused pass.
+  // way; in dhd's GEMM epilogue where it can (linear_act_backward, linear_glu_backward), else
+  // in one fused pass.
   Tensor z = x;
   if (p.w1.defined()) {
     if (z_saved.defined()) {
@@ -146,9 +148,11 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   if (p.b1.defined()) g.db1 = Tensor::empty({h1}, x.dtype(), x.device());
   Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
-  const bool fused = gemm_epilogues() && p.w2.defined() && p.w1.defined() && !cfg.gated &&
-                     linear_act_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd,
-                                         p.b1.defined() ? &g.db1 : nullptr);
+  Tensor* db1_fused = p.b1.defined() ? &g.db1 : nullptr;
+  const bool fused =
+      gemm_epilogues() && p.w2.defined() && p.w1.defined() &&
+      (cfg.gated ? linear_glu_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused)
+                 : linear_act_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused));
   if (!fused) {
     const Tensor dhd = p.w2.defined() ? matmul(dz2, p.w2) : dz2;
     Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;

@@ -585,6 +585,42 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
 // Note [GLU warpgroup]: z = x·Wᵀ ([value | gate] rows of W in one tile) equals the plain
 // product bit for bit, out equals bias_glu_dropout of it, the mask included; the front door
 // runs it on Hopper from K = 1024 (returning z) and declines elsewhere (an undefined z).
+namespace {
+// The GLU backward (Note [GLU warpgroup]) against the GEMM followed by
+// bias_glu_dropout_backward: dz and the recomputed out bit-identical, db (when b is given)
+// the same bits on a second run and within fp32 accumulation plus one rounding of Σ_rows dz.
+void check_glu_backward(Generator& g, const Tensor& z, const Tensor& b, Activation act,
+                        const DropoutSpec& d, int64_t k, const std::string& what) {
+  const int64_t m = z.size(0), h = z.size(1) / 2;
+  const DType dt = z.dtype();
+  const Tensor dy = rand64({m, k}, g).to(dt).to(kGpu), w2 = rand64({k, h}, g).to(dt).to(kGpu);
+  Tensor dz = Tensor::full({m, 2 * h}, NAN, dt, kGpu), out = Tensor::full({m, h}, NAN, dt, kGpu);
+  Tensor db = Tensor::full({2 * h}, NAN, dt, kGpu), db_again = db.clone();
+  REQUIRE(cuda::sm90_gemm_glu_backward_supported(dy, w2, act, out));
+  cuda::sm90_gemm_nn_glu_backward(dy, w2, z, b, act, d, dz, out, &db);
+  Tensor dhd = Tensor::full({m, h}, NAN, dt, kGpu);
+  cuda::sm90_gemm(dy, w2, dhd, {.schedule = cuda::Sm90Schedule::pingpong});
+  Tensor dz_ref = Tensor::full({m, 2 * h}, NAN, dt, kGpu),
+         out_ref = Tensor::full({m, h}, NAN, dt, kGpu);
+  bias_glu_dropout_backward(dhd, z, b, act, d, dz_ref, nullptr, &out_ref);
+  CHECK_MESSAGE(equal_and_written(dz, dz_ref), what, ": backward dz");
+  CHECK_MESSAGE(equal_and_written(out, out_ref), what, ": backward's recomputed out");
+  Tensor dz2 = Tensor::full({m, 2 * h}, NAN, dt, kGpu), out2 = out.clone();
+  cuda::sm90_gemm_nn_glu_backward(dy, w2, z, b, act, d, dz2, out2, &db_again);
+  CHECK_MESSAGE(equal_and_written(db, db_again), what, ": db run to run");
+  CHECK_MESSAGE(equal_and_written(dz2, dz_ref), what, ": backward dz, second run");
+  const auto dzv = dz_ref.to_vector(), dbv = db.to_vector();
+  const double unit = dt == DType::bf16 ? 0x1p-8 : 0x1p-11;
+  int bad = 0;
+  for (int64_t c = 0; c < 2 * h; ++c) {
+    double sum = 0, mag = 0;
+    for (int64_t r = 0; r < m; ++r) sum += dzv[r * 2 * h + c], mag += std::abs(dzv[r * 2 * h + c]);
+    if (!(std::abs(dbv[c] - sum) <= unit * std::abs(sum) + 0x1p-23 * m * mag)) ++bad;
+  }
+  CHECK_MESSAGE(bad == 0, what, ": db off Σ_rows dz in ", bad, " of ", 2 * h, " columns");
+}
+}  // namespace
+
 FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_dropout") {
   Generator g(76);
   if (!sm90_here()) {
@@ -617,7 +653,16 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
           CHECK_MESSAGE(equal_and_written(z, z_ref), what, ": z");
           bias_glu_dropout(z_ref, b, act, d, out_ref);
           CHECK_MESSAGE(equal_and_written(out, out_ref), what, ": out");
+          check_glu_backward(g, z_ref, b, act, d, k, what);
         }
+  // The backward runs any h % 8 == 0 (its tiles are the plain GEMM's): ragged column blocks.
+  for (DType dt : {DType::bf16, DType::f16})
+    for (float p : {0.0f, 0.1f}) {
+      const Tensor z = rand64({77, 400}, g).to(dt).to(kGpu), b = rand64({400}, g).to(dt).to(kGpu);
+      check_glu_backward(
+          g, z, b, Activation::gelu_erf, {p, 7, 3}, 40,
+          std::string("GLU backward ") + dtype_name(dt) + " m77 h200 k40 p" + std::to_string(p));
+    }
   // The front door: K = 1024 runs here, K = 768 and f32 decline; bad shapes are named.
   for (int64_t kl : {768, 1024}) {
     const Tensor x = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
@@ -639,6 +684,25 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
   Tensor bad = Tensor::empty({8, 64}, DType::bf16, kGpu);
   CHECK_THROWS_WITH(linear_glu(x, w, {}, Activation::silu, {}, bad),
                     doctest::Contains("[linear_glu] out"));
+  // The backward's front door: K = 1024 runs (db in the kernel), K = 768 declines.
+  for (int64_t kl : {768, 1024}) {
+    const Tensor dy = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
+    const Tensor w2 = rand64({kl, 136}, g).to(DType::bf16).to(kGpu);
+    const Tensor zl = rand64({200, 272}, g).to(DType::bf16).to(kGpu);
+    Tensor dz = Tensor::empty({200, 272}, DType::bf16, kGpu),
+           o = Tensor::empty({200, 136}, DType::bf16, kGpu),
+           db = Tensor::full({272}, NAN, DType::bf16, kGpu), db_ref = db.clone();
+    CHECK(linear_glu_backward(dy, w2, zl, {}, Activation::gelu_tanh, {}, dz, o, &db) ==
+          (kl >= 1024));
+    if (kl < 1024) continue;
+    bias_grad(dz, db_ref);
+    check_close(db, db_ref, 1e-6 * 200, 0x1p-7, "linear_glu_backward db");
+  }
+  Tensor dz_bad = Tensor::empty({8, 200}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(
+      cuda::sm90_gemm_nn_glu_backward(x, rand64({1024, 100}, g).to(DType::bf16).to(kGpu), z, {},
+                                      Activation::silu, {}, dz_bad, bad),
+      doctest::Contains("[sm90_gemm] the GLU backward"));
 }
 
 TEST_CASE("linear_glu declines the CPU and checks its arguments") {
@@ -650,6 +714,14 @@ TEST_CASE("linear_glu declines the CPU and checks its arguments") {
                     doctest::Contains("[linear_glu] x is [5, 8] but w is [16, 7]"));
   CHECK_THROWS_WITH(linear_glu(x, w, {}, Activation::silu, {2.0f, 1, 0}, out),
                     doctest::Contains("[linear_glu]"));
+  const Tensor w2 = rand64({8, 8}, g), z = rand64({5, 16}, g);
+  Tensor dz = Tensor::empty({5, 16}, DType::f64);
+  CHECK(!linear_glu_backward(x, w2, z, {}, Activation::silu, {}, dz, out));
+  CHECK_THROWS_WITH(
+      linear_glu_backward(x, w2, rand64({5, 12}, g), {}, Activation::silu, {}, dz, out),
+      doctest::Contains("[linear_glu_backward] z"));
+  CHECK_THROWS_WITH(linear_glu_backward(x, w, z, {}, Activation::silu, {}, dz, out),
+                    doctest::Contains("[linear_glu_backward] dy is [5, 8] but w is [16, 8]"));
 }
 
 TEST_CASE("linear_act declines the CPU and checks its arguments") {

@@ -81,7 +81,9 @@ struct ActShared {
   static constexpr int kBoxBytes = 64 * 64 * 2;     // one 64×64 box of 16-bit elements
   static constexpr int kTileBytes = 4 * kBoxBytes;  // a 128×128 tile: boxes (rb, cb) at 2rb + cb
   static constexpr int kBuffers = 2;                // staged[2]
-  static constexpr int kRedBytes = kBackward ? 2 * 3 * 64 * 4 : 0;  // db: [2][warps 1-3][64]
+  // db: per activation warpgroup [2 halves][warps 1-3][64] floats (the plain backward uses
+  // the first half; the GLU's has a value and a gate half).
+  static constexpr int kRedBytes = kBackward ? 2 * 2 * 3 * 64 * 4 : 0;
   static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes;
   static constexpr int kHandoff = 384;  // the consumer's and both activation warpgroups' threads
 
@@ -100,9 +102,9 @@ struct ActShared {
   }
   // Computed, not indexed (an indexed member array would live in local memory).
   __device__ uint8_t* staged(int b) const { return base + b * kTileBytes; }
-  // Activation warpgroup c's db scratch: [warps 1-3][64 columns] floats.
+  // Activation warpgroup c's db scratch: [2 halves][warps 1-3][64 columns] floats.
   __device__ float* red(int c) const {
-    return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * 3 * 64;
+    return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * 2 * 3 * 64;
   }
 };
 
@@ -130,19 +132,22 @@ __device__ __forceinline__ void stage_block(const float (&acc)[R], uint8_t* tile
 
 // The activation warpgroups (2 + c for column block c). out1 (TMA) is z (forward) or dz
 // (backward); hd goes out through out2 (TMA, forward) or the hd pointer (backward); bias
-// optional [n], n % 8 == 0. kGlu (forward only, Note [GLU warpgroup]): n is the GLU's
-// output width h, z is [m, 2h] and bias [2h].
+// optional [n], n % 8 == 0. kGlu (Note [GLU warpgroup]): n is the GLU's output width h, z
+// (and the backward's dz) [m, 2h] and bias [2h].
 template <class T, Activation A, bool kBackward, bool kGlu = false>
 struct ActWarpgroup {
-  static_assert(!(kGlu && kBackward), "the GLU runs in the forward only");
   const T* bias;
   int m, n;
   // Backward, optional: db's per-tile-row partials, [tiles_m, n] fp32 (Note [Activation
   // warpgroup]: column sums of the rounded dz over a tile's 128 rows).
   float* db_part = nullptr;
-  // Backward: the saved z (read) and hd (written), contiguous [m, n], 16-byte aligned.
+  // Backward: the saved z (read) and hd (written), contiguous [m, n] ([m, 2n] z for the GLU),
+  // 16-byte aligned.
   const T* z = nullptr;
   T* hd = nullptr;
+  // The GLU's backward: dz [m, 2n] ([d value | d gate]), written from registers.
+  T* dz = nullptr;
+
   // The hidden dropout (Note [Activation warpgroup]): f the mask's factor of element
   // row·n + col (Note [Dropout RNG]). Inactive: no Philox and no multiply.
   DeviceMask mask{};
@@ -192,7 +197,12 @@ struct ActWarpgroup {
   // compiled copies of the loop, so a call without it runs no extra instruction.
   __device__ void run(int c, const ActShared<kBackward>& sh, const TileScheduler& sched,
                       const CUtensorMap* out1, const CUtensorMap* out2) const {
-    if constexpr (kGlu) {
+    if constexpr (kGlu && kBackward) {
+      if (mask.active)
+        run_glu_backward<true>(c, sh, sched);
+      else
+        run_glu_backward<false>(c, sh, sched);
+    } else if constexpr (kGlu) {
       if (mask.active)
         run_glu<true>(c, sh, sched, out1, out2);
       else
@@ -280,6 +290,170 @@ struct ActWarpgroup {
     if (t == 0) tma_store_wait_all();
   }
 
+  // Note [GLU warpgroup]'s backward: the dhd = dz2·W2 product's tile (128 rows × 128 of h's
+  // columns, an ordinary tiling) staged as in the plain backward; activation warpgroup c takes
+  // column block c of both row boxes and writes dz's two halves and the recomputed out (dW2's
+  // input) from registers: dv = (dhd·f)·act(g), dg = ((dhd·f)·v)·act'(g), out = (v·act(g))·f
+  // with v = z_v + b_v, g = z_g + b_g, bias_glu_dropout_backward's arithmetic in its order, so
+  // the same bits. A thread's 8 rows go two at a time, the saved z's value and gate chunks
+  // loaded two rows ahead (across tiles too; the tile after the next prefetched into L2): with
+  // all of a box's z in registers, as the plain backward holds it, ptxas spilled 20-680 bytes.
+  // db's partials cover both halves ([tiles_m, 2h], value columns then gate columns).
+  // Where the time goes (H100, session 16, geglu_d1024's dhd: 0.457 ms against 0.225 for the
+  // bare GEMM): with the z loads and the stores switched off it still took 0.34-0.37, so the
+  // bound is the activation warps' arithmetic (~58 instructions an element, 2 warps per
+  // scheduler, ncu: 0.72 eligible warps per cycle, 39% of issue slots busy) more than memory;
+  // rows one or four at a time, loads one row ahead and streaming cache hints measured no
+  // better.
+  template <bool kDrop>
+  __device__ __forceinline__ void run_glu_backward(int c, const ActShared<kBackward>& sh,
+                                                   const TileScheduler& sched) const {
+    using SH = ActShared<kBackward>;
+    const int t = threadIdx.x % 128;
+    const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
+    // z's value and gate chunks of the row computed next (c) and of the one after it (n1);
+    // row k of a tile is row r0 + 64 (k / 4) + 16 (k % 4) of it.
+    uint4 cv{}, cg{}, n1v{}, n1g{};
+    if (static_cast<int>(blockIdx.x) < sched.num_units()) {
+      const Unit first = sched.unit(blockIdx.x);
+      load_zglu(first, c, r0, ch, cv, cg);
+      load_zglu(first, c, r0 + 16, ch, n1v, n1g);
+    }
+    int j = 0;
+    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+      const Unit un = sched.unit(u);
+      const int b = j & 1;
+      const int rows = 128 * un.tm, col = 128 * un.tn + 64 * c;  // the column block's
+      const int next = u + static_cast<int>(gridDim.x);
+      const bool has_next = next < sched.num_units();
+      const Unit nun = has_next ? sched.unit(next) : un;
+      {  // the z tile after the next one into L2: row t of both halves
+        const int ahead = next + static_cast<int>(gridDim.x);
+        if (ahead < sched.num_units()) {
+          const Unit far = sched.unit(ahead);
+          const int64_t at = glu_chunk(128 * far.tm + t, 128 * far.tn + 64 * c);
+          if (at >= 0) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(z + at));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(z + at + n));
+          }
+        }
+      }
+      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
+      if (j > 0) release(c, sh, j - 1, u - static_cast<int>(gridDim.x), sched);
+      float sv[8], sg[8];  // this thread's column sums of dv and dg
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sv[e] = sg[e] = 0.0f;
+      float bv[8], bg[8];
+      load_bias(col + 8 * ch, bv);
+      load_bias(col + 8 * ch, bg, n);
+#pragma unroll 2
+      for (int k = 0; k < 8; ++k) {  // row box k / 4, row r0 + 16 (k % 4) of it
+        const int rb = k / 4, r = r0 + 16 * (k % 4), row = rows + 64 * rb + r;
+        uint4 n2v{}, n2g{};  // two rows on: this tile's, else the next tile's first two
+        const int k2 = (k + 2) % 8;
+        if (k < 6 || has_next)
+          load_zglu(k < 6 ? un : nun, c, r0 + 64 * (k2 / 4) + 16 * (k2 % 4), ch, n2v, n2g);
+        const uint8_t* box = sh.staged(b) + (2 * rb + c) * SH::kBoxBytes;
+        const uint4 draw = *reinterpret_cast<const uint4*>(box + r * 128 + ((ch ^ (r & 7)) << 4));
+        const T* dh = reinterpret_cast<const T*>(&draw);
+        const T* v = reinterpret_cast<const T*>(&cv);
+        const T* g = reinterpret_cast<const T*>(&cg);
+        uint4 ov, og, oh;
+        T* pv = reinterpret_cast<T*>(&ov);
+        T* pg = reinterpret_cast<T*>(&og);
+        T* ph = reinterpret_cast<T*>(&oh);
+        uint32_t keep = 0;
+        if constexpr (kDrop) keep = keep_bits(static_cast<int64_t>(row) * n + col + 8 * ch);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float val = to_acc(v[e]) + bv[e], gate = to_acc(g[e]) + bg[e];
+          float a, da, s = to_acc(dh[e]), o;
+          act_math::value_grad(gate, A, a, da);
+          o = val * a;
+          if constexpr (kDrop) {
+            const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
+            s *= f;
+            o *= f;
+          }
+          pv[e] = from_acc<T>(s * a);
+          pg[e] = from_acc<T>(s * val * da);
+          ph[e] = from_acc<T>(o);
+          sv[e] += to_acc(pv[e]);
+          sg[e] += to_acc(pg[e]);
+        }
+        const int64_t at = glu_chunk(row, col + 8 * ch);
+        if (at >= 0) {
+          *reinterpret_cast<uint4*>(dz + at) = ov;
+          *reinterpret_cast<uint4*>(dz + at + n) = og;
+          *reinterpret_cast<uint4*>(hd + (at - static_cast<int64_t>(row) * n)) = oh;
+        }
+        cv = n1v;
+        cg = n1g;
+        n1v = n2v;
+        n1g = n2g;
+      }
+      if (db_part) column_sums(c, sh, sv, sg, un.tm, col);
+    }
+  }
+
+  // The GLU backward's 16-byte chunk of z's (and dz's) value half at (row, col), or -1 outside
+  // [m, n); the gate half's is n further, out's (row·n + col) row·n less.
+  __device__ __forceinline__ int64_t glu_chunk(int row, int col) const {
+    return row < m && col < n ? static_cast<int64_t>(row) * 2 * n + col : -1;
+  }
+
+  // The GLU backward: this thread's z value and gate chunks of row r (0-127) of unit un's
+  // column block c, zeros outside [m, n).
+  __device__ __forceinline__ void load_zglu(const Unit& un, int c, int r, int ch, uint4& zv,
+                                            uint4& zg) const {
+    const int64_t at = glu_chunk(128 * un.tm + r, 128 * un.tn + 64 * c + 8 * ch);
+    zv = at >= 0 ? __ldg(reinterpret_cast<const uint4*>(z + at)) : uint4{};
+    zg = at >= 0 ? __ldg(reinterpret_cast<const uint4*>(z + at + n)) : uint4{};
+  }
+
+  // The GLU backward's db partials of tile row tm for column block col's 64 columns: each
+  // thread's sums over its rows, then over the lanes with the same chunk (lane ^ 8, ^ 16),
+  // then warps 1-3 leave theirs in shared memory for warp 0, which adds them in warp order
+  // and writes the value columns' sums at col and the gate columns' at n + col. The scratch
+  // is next written after the next tile's release(), whose warpgroup barrier follows these
+  // reads.
+  __device__ __forceinline__ void column_sums(int c, const ActShared<kBackward>& sh, float (&sv)[8],
+                                              float (&sg)[8], int tm, int col) const {
+    const int t = threadIdx.x % 128, ch = t % 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      sv[e] += __shfl_xor_sync(0xffffffffu, sv[e], 8);
+      sv[e] += __shfl_xor_sync(0xffffffffu, sv[e], 16);
+      sg[e] += __shfl_xor_sync(0xffffffffu, sg[e], 8);
+      sg[e] += __shfl_xor_sync(0xffffffffu, sg[e], 16);
+    }
+    float* red = sh.red(c);
+    if (t >= 32 && t % 32 < 8) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        red[(t / 32 - 1) * 64 + 8 * ch + e] = sv[e];
+        red[192 + (t / 32 - 1) * 64 + 8 * ch + e] = sg[e];
+      }
+    }
+    named_barrier_sync(ActShared<kBackward>::act_barrier(c), 128);
+    if (t < 8 && col + 8 * t < n) {
+      const float* rv = red + 8 * t;
+      const float* rg = red + 192 + 8 * t;
+      float v[8], w[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        v[e] = ((sv[e] + rv[e]) + rv[64 + e]) + rv[128 + e];
+        w[e] = ((sg[e] + rg[e]) + rg[64 + e]) + rg[128 + e];
+      }
+      float4* dv =
+          reinterpret_cast<float4*>(db_part + static_cast<int64_t>(tm) * 2 * n + col + 8 * t);
+      float4* dg = dv + n / 4;
+      dv[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dv[1] = make_float4(v[4], v[5], v[6], v[7]);
+      dg[0] = make_float4(w[0], w[1], w[2], w[3]);
+      dg[1] = make_float4(w[4], w[5], w[6], w[7]);
+    }
+  }
   template <bool kDrop>
   __device__ __forceinline__ void run_as(int c, const ActShared<kBackward>& sh,
                                          const TileScheduler& sched, const CUtensorMap* out1,

@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(512, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<40>();
-    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, kGlu ? act.n : 0);
+    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, kGlu && !kBackward ? act.n : 0);
   } else if (wg == 1) {
     regs_alloc<232>();
     const int wg_thread = threadIdx.x % 128;
@@ -280,8 +280,10 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
 // Note [Activation warpgroup]: forward (a = x, b = W1 [h, d]: out = z) or backward (a = dz2,
 // b = W2 [d, h], z the saved z: out = dz); hd the second output.
 // db_part (backward, optional): [tiles_m, n] fp32 column sums of dz per 128-row tile; mask:
-// the hidden dropout's (inactive: none). kGlu (forward, Note [GLU warpgroup]): b = W [2h, d],
-// out = z [m, 2h], hd = the GLU's output [m, h], h % 64 == 0.
+// the hidden dropout's (inactive: none). kGlu (Note [GLU warpgroup]): forward b = W [2h, d],
+// out = z [m, 2h], hd = the GLU's output [m, h], h % 64 == 0; backward b = W2 [d, h], z the
+// saved [m, 2h], out = dz [m, 2h], hd = the recomputed GLU output [m, h], db_part [tiles_m,
+// 2h].
 template <class T, Activation A, bool kBackward, bool kGlu = false>
 void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
                 const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
@@ -298,7 +300,8 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, kBackward || kGlu ? 64 : 128);
   const CUtensorMap tc = tensor_map(out, 64);
   const CUtensorMap tc2 = kBackward ? CUtensorMap{} : tensor_map(hd, 64);
-  const TileScheduler sched{(m + 127) / 128, kGlu ? n / 64 : (n + 127) / 128, (k + 63) / 64, 1};
+  const TileScheduler sched{(m + 127) / 128, kGlu && !kBackward ? n / 64 : (n + 127) / 128,
+                            (k + 63) / 64, 1};
   auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu>;
   const int smem = ML::smem_bytes(ActShared<kBackward>::kBytes);
   static std::once_flag once[8];
@@ -311,6 +314,7 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   if constexpr (kBackward) {
     act.z = static_cast<const T*>(z->data_ptr());
     act.hd = static_cast<T*>(hd.data_ptr());
+    if constexpr (kGlu) act.dz = static_cast<T*>(out.data_ptr());
   }
   kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, sched, act);
   FFN_CHECK_CUDA(cudaGetLastError());

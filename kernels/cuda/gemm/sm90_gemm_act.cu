@@ -1,7 +1,7 @@
 // kernels/cuda/gemm/sm90_gemm_act.cu — the Hopper GEMM with the FFN's activation in its
 // epilogue (kernels/cuda/gemm/sm90_gemm.h, Note [Activation epilogues]): fc1's forward and the
-// dhd product of the backward, and the gated FFN's fc1 forward (Note [GLU warpgroup]), each
-// instantiated per activation.
+// dhd product of the backward, and the gated FFN's fc1 forward and dhd product (Note [GLU
+// warpgroup]), each instantiated per activation.
 #include "kernels/checks.h"  // check_dropout
 #include "kernels/cuda/gemm/kernel.cuh"
 #include "kernels/cuda/gemm/sm90_gemm.h"
@@ -36,6 +36,18 @@ void check_act_tensors(const char* what, const Tensor& out, const Tensor* z, con
               " ", dtype_name(b.dtype()));
 }
 
+// db = the column sums of the per-128-row-tile partials [tiles_m, n] (fp32), summed in a fixed
+// order as Note [Deterministic column sums]' stage 2.
+template <class T>
+void sum_partials(const Tensor& part, Tensor& db) {
+  const int n = static_cast<int>(part.size(1));
+  reduce_partials_kernel<float, T>
+      <<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, stream(db.device().index)>>>(
+          static_cast<const float*>(part.data_ptr()), part.size(0), n,
+          static_cast<T*>(db.data_ptr()));
+  FFN_CHECK_CUDA(cudaGetLastError());
+}
+
 // The activation on warpgroups of its own (Note [Activation warpgroup]; automatic too), or
 // with the cooperative and ping-pong schedules on the consumers' accumulators (ActTma, Note
 // [Activation epilogues]). Never split: these products fill the GPU.
@@ -56,14 +68,7 @@ void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Te
         if (db) part = Tensor::empty({(m + 127) / 128, n}, DType::f32, out.device());
         gemm::launch_act<T, A, kBackward>(a, b, out, hd, z, bp, DeviceMask::from(d),
                                           db ? static_cast<float*>(part.data_ptr()) : nullptr);
-        if (db) {  // the tile rows' partials summed as Note [Deterministic column sums]' stage 2
-          const int dev = out.device().index;
-          reduce_partials_kernel<float, T>
-              <<<static_cast<unsigned>((n + 31) / 32), dim3(32, 8), 0, stream(dev)>>>(
-                  static_cast<const float*>(part.data_ptr()), part.size(0), n,
-                  static_cast<T*>(db->data_ptr()));
-          FFN_CHECK_CUDA(cudaGetLastError());
-        }
+        if (db) sum_partials<T>(part, *db);
         return;
       }
       const gemm::ActTma<T, A, kBackward> epi{zp, bp, m, n};
@@ -177,6 +182,65 @@ void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activat
       default:
         FFN_THROW("[sm90_gemm] no GLU epilogue for ", activation_name(act));
     }
+  };
+  if (z.dtype() == DType::bf16)
+    typed.template operator()<__nv_bfloat16>();
+  else
+    typed.template operator()<__half>();
+}
+
+bool sm90_gemm_glu_backward_supported(const Tensor& dy, const Tensor& w, Activation act,
+                                      const Tensor& out) {
+  if (act != Activation::gelu_erf && act != Activation::gelu_tanh && act != Activation::silu)
+    return false;
+  if (!sm90_gemm_supported(dy, w, out, false, false)) return false;
+  return out.size(1) % 8 == 0 && aligned16(out);
+}
+
+void sm90_gemm_nn_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
+                               Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
+                               Tensor* db) {
+  FFN_CHECK(sm90_gemm_glu_backward_supported(dy, w, act, out),
+            "[sm90_gemm] the GLU backward cannot run dy ", shape_str(dy.shape()), " ",
+            dtype_name(dy.dtype()), " · w ", shape_str(w.shape()), " -> out ",
+            shape_str(out.shape()), " with ", activation_name(act),
+            " (sm90_gemm_glu_backward_supported says which operands it takes)");
+  detail::check_dropout(d, "sm90_gemm");
+  const int64_t m = out.size(0), h = out.size(1);
+  auto check = [&](const Tensor* t, const char* name, const Shape& shape) {
+    FFN_CHECK(t->defined() && t->is_cuda() && t->dtype() == out.dtype() && t->shape() == shape &&
+                  t->is_contiguous() && aligned16(*t),
+              "[sm90_gemm] the GLU backward: ", name, " must be a contiguous, 16-byte aligned ",
+              shape_str(shape), " ", dtype_name(out.dtype()), " tensor on the GPU, got ",
+              t->defined() ? shape_str(t->shape()) : std::string("none"), " ",
+              t->defined() ? dtype_name(t->dtype()) : "");
+  };
+  check(&z, "z", {m, 2 * h});
+  check(&dz, "dz", {m, 2 * h});
+  if (b.defined()) check(&b, "the bias", {2 * h});
+  if (db) check(db, "db", {2 * h});
+  auto typed = [&]<class T>() {
+    const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
+    Tensor part;
+    if (db) part = Tensor::empty({(m + 127) / 128, 2 * h}, DType::f32, out.device());
+    float* pp = db ? static_cast<float*>(part.data_ptr()) : nullptr;
+    auto go = [&]<Activation A>() {
+      gemm::launch_act<T, A, true, true>(dy, w, dz, out, &z, bp, DeviceMask::from(d), pp);
+    };
+    switch (act) {
+      case Activation::gelu_erf:
+        go.template operator()<Activation::gelu_erf>();
+        break;
+      case Activation::gelu_tanh:
+        go.template operator()<Activation::gelu_tanh>();
+        break;
+      case Activation::silu:
+        go.template operator()<Activation::silu>();
+        break;
+      default:
+        FFN_THROW("[sm90_gemm] no GLU epilogue for ", activation_name(act));
+    }
+    if (db) sum_partials<T>(part, *db);
   };
   if (z.dtype() == DType::bf16)
     typed.template operator()<__nv_bfloat16>();
