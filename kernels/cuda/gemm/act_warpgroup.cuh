@@ -301,10 +301,10 @@ struct ActWarpgroup {
   // db's partials cover both halves ([tiles_m, 2h], value columns then gate columns).
   // Where the time goes (H100, session 16, geglu_d1024's dhd: 0.457 ms against 0.225 for the
   // bare GEMM): with the z loads and the stores switched off it still took 0.34-0.37, so the
-  // bound is the activation warps' arithmetic (~58 instructions an element, 2 warps per
-  // scheduler, ncu: 0.72 eligible warps per cycle, 39% of issue slots busy) more than memory;
-  // rows one or four at a time, loads one row ahead and streaming cache hints measured no
-  // better.
+  // bound is the activation warps' arithmetic (ncu: ~64 instructions an element over all
+  // warps, 2 activation warps per scheduler, 0.72 eligible warps per cycle, 39% of issue slots
+  // busy) more than memory; rows one or four at a time, loads one row ahead and streaming
+  // cache hints measured no better. ptxas: no spill but 2 bytes in the f16 gelu_erf kernel.
   template <bool kDrop>
   __device__ __forceinline__ void run_glu_backward(int c, const ActShared<kBackward>& sh,
                                                    const TileScheduler& sched) const {
