@@ -63,6 +63,21 @@ FFN_HD float div_(float a, float b) {
 FFN_HD double div_(double a, double b) {
   return a / b;
 }
+// div_(a, b) given r = div_(1, b): on the GPU that is a times the same reciprocal, so a·r is
+// bit for bit div_(a, b), with one reciprocal where two calls of the asm made two (ptxas does
+// not merge them); elsewhere a / b.
+FFN_HD float div_shared(float a, float b, float r) {
+#if defined(__CUDA_ARCH__)
+  (void)b;
+  return a * r;
+#else
+  (void)r;
+  return a / b;
+#endif
+}
+FFN_HD double div_shared(double a, double b, double) {
+  return a / b;
+}
 
 // Note [erfc GELU]: gelu_erf in float is x·Φ(x) with Φ(-|x|) = erfc(a)/2, a = |x|/√2, from
 // Numerical Recipes' erfc: t = 1/(1 + a/2), erfc(a) = t·exp(-a² + P(t)) with a degree-9 P
@@ -153,14 +168,14 @@ FFN_HD void value_grad(T x, Activation a, T& v, T& g) {
       const T k = T(0.79788456080286535588), c = T(0.044715);
       const T e = exp_(T(-2) * k * (x + c * x * x * x));
       const T s = div_(T(1), T(1) + e);
-      v = div_(x, T(1) + e);
+      v = div_shared(x, T(1) + e, s);
       g = s + x * s * (T(1) - s) * T(2) * k * (T(1) + T(3) * c * x * x);
       return;
     }
     case Activation::silu: {
       const T e = exp_(-x);
       const T s = div_(T(1), T(1) + e);
-      v = div_(x, T(1) + e);
+      v = div_shared(x, T(1) + e, s);
       g = s * (T(1) + x * (T(1) - s));
       return;
     }

@@ -59,11 +59,15 @@ namespace ffn::cuda::gemm {
 // its shared-memory accesses (compute-sanitizer's racecheck follows that; with one thread's
 // mbarrier arrive after a warpgroup barrier it reported hazards).
 // Registers (setmaxnreg, 512 threads, 128 each at entry): producer 40, consumer 232 (its 128
-// accumulators), activation 120. ptxas: no spill but in the f16 backward, 4 (erf) and 22
-// (tanh) bytes since the dropout's copy of the loop; producer 24 and activation 128 spilled
-// nothing by ptxas's count, but cuobjdump found local loads/stores in 7 of the 12 kernels and
-// they ran slower (session 15, call 2: the backward with dropout at ffn_d1024 0.505 against
-// 0.420 ms, without it at gpt2 0.251 against 0.237).
+// accumulators), activation 120. No local memory in any of these kernels (cuobjdump, session
+// 16) since the outputs are rounded a pair at a time (pack2) and value_grad's sigmoid takes
+// one reciprocal (div_shared); before, the f16 backward spilled 4 (erf) and 22 (tanh) bytes.
+// That also drops a reciprocal an element (tanh GELU, SiLU) and some conversions; it
+// measured no faster (act bench, session 16, calls 6 and 7: every row within ±5%, as the
+// bare GEMMs). Producer 24 and activation 128 spilled nothing by ptxas's count, but
+// cuobjdump found local loads/stores in 7 of the 12 kernels and they ran slower (session
+// 15, call 2: the backward with dropout at ffn_d1024 0.505 against 0.420 ms, without it at
+// gpt2 0.251 against 0.237).
 // The hidden dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col ..
 // + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
 // computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
@@ -107,6 +111,18 @@ struct ActShared {
     return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * 2 * 3 * 64;
   }
 };
+
+// Two floats rounded to T (nearest even, as from_acc) in one packed conversion instruction.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+  } else {
+    const __half2 p = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+  }
+}
 
 // The consumer's 64-row block rb (0, 1) of a 128×128 tile, rounded to T, into the
 // staged tile in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): a store
@@ -263,14 +279,19 @@ struct ActWarpgroup {
         const uint4 graw = *reinterpret_cast<const uint4*>(gbox + off);
         const T* v = reinterpret_cast<const T*>(&vraw);
         const T* g = reinterpret_cast<const T*>(&graw);
-        T* out = reinterpret_cast<T*>(&o[i]);
+        uint32_t* out = reinterpret_cast<uint32_t*>(&o[i]);
         uint32_t keep = 0;
         if constexpr (kDrop) keep = keep_bits(static_cast<int64_t>(row + r) * n + col + 8 * ch);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          float val = (to_acc(v[e]) + bv[e]) * act_math::value(to_acc(g[e]) + bg[e], A);
-          if constexpr (kDrop) val *= (keep >> e) & 1u ? mask.scale : 0.0f;
-          out[e] = from_acc<T>(val);
+        for (int q = 0; q < 4; ++q) {
+          float f2[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int e = 2 * q + h;
+            f2[h] = (to_acc(v[e]) + bv[e]) * act_math::value(to_acc(g[e]) + bg[e], A);
+            if constexpr (kDrop) f2[h] *= (keep >> e) & 1u ? mask.scale : 0.0f;
+          }
+          out[q] = pack2<T>(f2[0], f2[1]);
         }
       }
       if (t == 0) tma_store_wait_read<0>();  // the z stores have read the value half
@@ -304,7 +325,7 @@ struct ActWarpgroup {
   // bound is the activation warps' arithmetic (ncu: ~64 instructions an element over all
   // warps, 2 activation warps per scheduler, 0.72 eligible warps per cycle, 39% of issue slots
   // busy) more than memory; rows one or four at a time, loads one row ahead and streaming
-  // cache hints measured no better. ptxas: no spill but 2 bytes in the f16 gelu_erf kernel.
+  // cache hints measured no better.
   template <bool kDrop>
   __device__ __forceinline__ void run_glu_backward(int c, const ActShared<kBackward>& sh,
                                                    const TileScheduler& sched) const {
@@ -359,27 +380,38 @@ struct ActWarpgroup {
         const T* v = reinterpret_cast<const T*>(&cv);
         const T* g = reinterpret_cast<const T*>(&cg);
         uint4 ov, og, oh;
-        T* pv = reinterpret_cast<T*>(&ov);
-        T* pg = reinterpret_cast<T*>(&og);
-        T* ph = reinterpret_cast<T*>(&oh);
+        uint32_t* pv = reinterpret_cast<uint32_t*>(&ov);
+        uint32_t* pg = reinterpret_cast<uint32_t*>(&og);
+        uint32_t* ph = reinterpret_cast<uint32_t*>(&oh);
         uint32_t keep = 0;
         if constexpr (kDrop) keep = keep_bits(static_cast<int64_t>(row) * n + col + 8 * ch);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float val = to_acc(v[e]) + bv[e], gate = to_acc(g[e]) + bg[e];
-          float a, da, s = to_acc(dh[e]), o;
-          act_math::value_grad(gate, A, a, da);
-          o = val * a;
-          if constexpr (kDrop) {
-            const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
-            s *= f;
-            o *= f;
+        for (int q = 0; q < 4; ++q) {  // element pairs: one packed rounding per output pair
+          float fv[2], fg[2], fh[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int e = 2 * q + h;
+            const float val = to_acc(v[e]) + bv[e], gate = to_acc(g[e]) + bg[e];
+            float a, da, s = to_acc(dh[e]), o;
+            act_math::value_grad(gate, A, a, da);
+            o = val * a;
+            if constexpr (kDrop) {
+              const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
+              s *= f;
+              o *= f;
+            }
+            fv[h] = s * a;
+            fg[h] = s * val * da;
+            fh[h] = o;
           }
-          pv[e] = from_acc<T>(s * a);
-          pg[e] = from_acc<T>(s * val * da);
-          ph[e] = from_acc<T>(o);
-          sv[e] += to_acc(pv[e]);
-          sg[e] += to_acc(pg[e]);
+          pv[q] = pack2<T>(fv[0], fv[1]);
+          pg[q] = pack2<T>(fg[0], fg[1]);
+          ph[q] = pack2<T>(fh[0], fh[1]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // db sums the rounded values
+            sv[2 * q + h] += unpack<T>(pv[q], h);
+            sg[2 * q + h] += unpack<T>(pg[q], h);
+          }
         }
         const int64_t at = glu_chunk(row, col + 8 * ch);
         if (at >= 0) {
@@ -513,8 +545,8 @@ struct ActWarpgroup {
           const int off = r * 128 + ((ch ^ (r & 7)) << 4);
           const uint4 graw = *reinterpret_cast<const uint4*>(box + off);
           const T* g = reinterpret_cast<const T*>(&graw);
-          T* p1 = reinterpret_cast<T*>(&o1[i]);
-          T* p2 = reinterpret_cast<T*>(&o2[i]);
+          uint32_t* p1 = reinterpret_cast<uint32_t*>(&o1[i]);
+          uint32_t* p2 = reinterpret_cast<uint32_t*>(&o2[i]);
           // The mask's eight keep bits (one register, not eight float factors, which made the
           // f16 backward spill more); the factor is scale or 0, as DeviceMask::factors has it.
           uint32_t keep = 0;
@@ -524,26 +556,39 @@ struct ActWarpgroup {
             const uint4 zraw = rb == 0 ? z0[i] : z1[i];
             const T* zt = reinterpret_cast<const T*>(&zraw);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              float val, d, gf = to_acc(g[e]);
-              act_math::value_grad(to_acc(zt[e]) + bv[e], A, val, d);
-              if constexpr (kDrop) {  // bias_act_dropout_backward's (g·f)·d and val·f
-                const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
-                gf *= f;
-                val *= f;
+            for (int q = 0; q < 4; ++q) {  // element pairs: one packed rounding per output pair
+              float f1[2], f2[2];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int e = 2 * q + h;
+                float val, d, gf = to_acc(g[e]);
+                act_math::value_grad(to_acc(zt[e]) + bv[e], A, val, d);
+                if constexpr (kDrop) {  // bias_act_dropout_backward's (g·f)·d and val·f
+                  const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
+                  gf *= f;
+                  val *= f;
+                }
+                f1[h] = gf * d;
+                f2[h] = val;
               }
-              p1[e] = from_acc<T>(gf * d);
-              p2[e] = from_acc<T>(val);
-              dsum[e] += to_acc(p1[e]);
+              p1[q] = pack2<T>(f1[0], f1[1]);
+              p2[q] = pack2<T>(f2[0], f2[1]);
+              dsum[2 * q] += unpack<T>(p1[q], 0);  // db sums the rounded values
+              dsum[2 * q + 1] += unpack<T>(p1[q], 1);
             }
             const int64_t at = chunk(rows + 64 * rb + r, col + 8 * ch);
             if (at >= 0) *reinterpret_cast<uint4*>(hd + at) = o2[i];  // hd straight to memory
           } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              float val = act_math::value(to_acc(g[e]) + bv[e], A);
-              if constexpr (kDrop) val *= (keep >> e) & 1u ? mask.scale : 0.0f;
-              p2[e] = from_acc<T>(val);
+            for (int q = 0; q < 4; ++q) {
+              float f2[2];
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int e = 2 * q + h;
+                f2[h] = act_math::value(to_acc(g[e]) + bv[e], A);
+                if constexpr (kDrop) f2[h] *= (keep >> e) & 1u ? mask.scale : 0.0f;
+              }
+              p2[q] = pack2<T>(f2[0], f2[1]);
             }
           }
         }
