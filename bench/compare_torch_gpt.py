@@ -5,8 +5,9 @@
 124M (vocab 50304, biases) under torch.compile only, 16 random-token sequences of 1024, and
 reports tokens/s and the peak memory of live tensors on both sides (ffn-train's done line,
 torch.cuda.max_memory_allocated). --arch llama swaps both sides for configs/llama_char.toml's Llama (RMSNorm, rotary
-embeddings, grouped-query attention, SwiGLU, untied head; PyTorch's model written below with
-nn.RMSNorm and scaled_dot_product_attention(enable_gqa=True)); the recipe is the same.
+embeddings, 6 heads, SwiGLU, untied head, dropout 0.3, 3000 iterations; PyTorch's model written
+below with nn.RMSNorm and scaled_dot_product_attention(enable_gqa=True), so kv < heads runs
+grouped-query attention); the rest of the recipe is the same.
 
 The model and recipe are configs/shakespeare_char.toml's (nanoGPT's shakespeare_char):
 a 6-layer, 6-head, d=384, context-256 GPT without biases, tied embeddings, GELU MLP x4,
@@ -87,9 +88,9 @@ class GPT(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """configs/llama_char.toml's block: RMSNorm, rotary embeddings (rotate_half), 6 query
-    heads sharing 2 key/value heads, SwiGLU of width 1024, no biases, dropout p on the
-    attention probabilities and each branch output."""
+    """configs/llama_char.toml's block: RMSNorm, rotary embeddings (rotate_half), h query
+    heads sharing kv key/value heads (the config: 6 and 6), SwiGLU of width 1024, no biases,
+    dropout p on the attention probabilities and each branch output."""
 
     def __init__(s, d, h, kv, hidden, p):
         super().__init__()
@@ -127,7 +128,7 @@ class LlamaBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(s, vocab, ctx, layers=6, heads=6, kv=2, d=384, hidden=1024, p=0.2):
+    def __init__(s, vocab, ctx, layers=6, heads=6, kv=6, d=384, hidden=1024, p=0.3):
         super().__init__()
         D = d // heads
         inv = 10000.0 ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
@@ -195,7 +196,7 @@ def make(vocab, dev, compile_, seed=1337):
 
 def step(model, opt, train, gen, dev, it):
     for g in opt.param_groups:
-        g["lr"] = lr_at(it)
+        g["lr"] = lr_at(it, decay=3000 if ARCH == "llama" else 5000)  # the configs' decay_iters
     if ARCH == "gpt2":  # random tokens of GPT-2's vocabulary, 16 sequences of 1024
         ids = torch.randint(0, 50257, (16, 1025), generator=gen).to(dev, non_blocking=True)
         x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()

@@ -66,7 +66,7 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
     CHECK_NOTHROW(Config::load(std::string(FFN_SOURCE_DIR) + "/" + f));
   const Config lc = Config::load(std::string(FFN_SOURCE_DIR) + "/configs/llama_char.toml");
   CHECK(lc.model.arch == Arch::llama);
-  CHECK(lc.model.kv_heads == 2);
+  CHECK(lc.model.kv_heads == 6);  // kv_heads = 2 measured 0.01 worse (RESULTS session 16)
   CHECK(std::llround(lc.model.ffn_mult * 384) == 1024);  // SwiGLU's 8/3 · d_model
   CHECK(!lc.model.tie_embeddings);
   const Config sc = Config::load(std::string(FFN_SOURCE_DIR) + "/configs/shakespeare_char.toml");
