@@ -80,14 +80,18 @@ namespace ffn::cuda::gemm {
 // and independent of the grid, no atomics. The outputs are bit-identical to the GEMM followed
 // by bias_act_dropout(_backward) with the same DropoutSpec (and, without dropout, to the
 // cooperative ActTma's).
-template <bool kBackward>
+// kGlu (backward): db's scratch holds a value and a gate half. Only the GLU's kernel has the
+// second half: 1.5 KiB more in every backward left the plain one's ring 4 stages instead of 5
+// (launch_act in kernel.cuh sizes the ring from kBytes).
+template <bool kBackward, bool kGlu = false>
 struct ActShared {
   static constexpr int kBoxBytes = 64 * 64 * 2;     // one 64×64 box of 16-bit elements
   static constexpr int kTileBytes = 4 * kBoxBytes;  // a 128×128 tile: boxes (rb, cb) at 2rb + cb
   static constexpr int kBuffers = 2;                // staged[2]
-  // db: per activation warpgroup [2 halves][warps 1-3][64] floats (the plain backward uses
-  // the first half; the GLU's has a value and a gate half).
-  static constexpr int kRedBytes = kBackward ? 2 * 2 * 3 * 64 * 4 : 0;
+  // db: per activation warpgroup [halves][warps 1-3][64] floats, one half (the plain
+  // backward) or a value and a gate half (the GLU's).
+  static constexpr int kHalves = kGlu ? 2 : 1;
+  static constexpr int kRedBytes = kBackward ? 2 * kHalves * 3 * 64 * 4 : 0;
   static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes;
   static constexpr int kHandoff = 384;  // the consumer's and both activation warpgroups' threads
 
@@ -106,9 +110,9 @@ struct ActShared {
   }
   // Computed, not indexed (an indexed member array would live in local memory).
   __device__ uint8_t* staged(int b) const { return base + b * kTileBytes; }
-  // Activation warpgroup c's db scratch: [2 halves][warps 1-3][64 columns] floats.
+  // Activation warpgroup c's db scratch: [kHalves][warps 1-3][64 columns] floats.
   __device__ float* red(int c) const {
-    return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * 2 * 3 * 64;
+    return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * kHalves * 3 * 64;
   }
 };
 
@@ -211,7 +215,7 @@ struct ActWarpgroup {
   // Activation warpgroup c (0, 1): for every tile of the CTA, its two boxes (rb = 0, 1; cb = c).
   // With or without dropout is decided once per kernel (a warp-uniform branch) between two
   // compiled copies of the loop, so a call without it runs no extra instruction.
-  __device__ void run(int c, const ActShared<kBackward>& sh, const TileScheduler& sched,
+  __device__ void run(int c, const ActShared<kBackward, kGlu>& sh, const TileScheduler& sched,
                       const CUtensorMap* out1, const CUtensorMap* out2) const {
     if constexpr (kGlu && kBackward) {
       if (mask.active)
@@ -246,10 +250,10 @@ struct ActWarpgroup {
   // out's element row·h + col is bias_glu_dropout's, so the outputs are bit-identical to the
   // GEMM followed by bias_glu_dropout.
   template <bool kDrop>
-  __device__ __forceinline__ void run_glu(int c, const ActShared<kBackward>& sh,
+  __device__ __forceinline__ void run_glu(int c, const ActShared<kBackward, kGlu>& sh,
                                           const TileScheduler& sched, const CUtensorMap* zmap,
                                           const CUtensorMap* outmap) const {
-    using SH = ActShared<kBackward>;
+    using SH = ActShared<kBackward, kGlu>;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of the box
     const int own = SH::act_barrier(c);
@@ -319,7 +323,8 @@ struct ActWarpgroup {
   // the same bits. A thread's 8 rows go two at a time, the saved z's value and gate chunks
   // loaded two rows ahead (across tiles too; the tile after the next prefetched into L2): with
   // all of a box's z in registers, as the plain backward holds it, ptxas spilled 20-680 bytes.
-  // db's partials cover both halves ([tiles_m, 2h], value columns then gate columns).
+  // db's partials cover both halves ([tiles_m, 2h], value columns then gate columns); their
+  // scratch's gate half leaves this kernel's ring 4 stages, the plain backward's 5.
   // Where the time goes (H100, session 16, geglu_d1024's dhd: 0.457 ms against 0.225 for the
   // bare GEMM): with the z loads and the stores switched off it still took 0.34-0.37, so the
   // bound is the activation warps' arithmetic (ncu: ~64 instructions an element over all
@@ -327,9 +332,9 @@ struct ActWarpgroup {
   // busy) more than memory; rows one or four at a time, loads one row ahead and streaming
   // cache hints measured no better.
   template <bool kDrop>
-  __device__ __forceinline__ void run_glu_backward(int c, const ActShared<kBackward>& sh,
+  __device__ __forceinline__ void run_glu_backward(int c, const ActShared<kBackward, kGlu>& sh,
                                                    const TileScheduler& sched) const {
-    using SH = ActShared<kBackward>;
+    using SH = ActShared<kBackward, kGlu>;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
     // z's value and gate chunks of the row computed next (c) and of the one after it (n1);
@@ -449,8 +454,9 @@ struct ActWarpgroup {
   // and writes the value columns' sums at col and the gate columns' at n + col. The scratch
   // is next written after the next tile's release(), whose warpgroup barrier follows these
   // reads.
-  __device__ __forceinline__ void column_sums(int c, const ActShared<kBackward>& sh, float (&sv)[8],
-                                              float (&sg)[8], int tm, int col) const {
+  __device__ __forceinline__ void column_sums(int c, const ActShared<kBackward, kGlu>& sh,
+                                              float (&sv)[8], float (&sg)[8], int tm,
+                                              int col) const {
     const int t = threadIdx.x % 128, ch = t % 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -467,7 +473,7 @@ struct ActWarpgroup {
         red[192 + (t / 32 - 1) * 64 + 8 * ch + e] = sg[e];
       }
     }
-    named_barrier_sync(ActShared<kBackward>::act_barrier(c), 128);
+    named_barrier_sync(ActShared<kBackward, kGlu>::act_barrier(c), 128);
     if (t < 8 && col + 8 * t < n) {
       const float* rv = red + 8 * t;
       const float* rg = red + 192 + 8 * t;
@@ -487,10 +493,10 @@ struct ActWarpgroup {
     }
   }
   template <bool kDrop>
-  __device__ __forceinline__ void run_as(int c, const ActShared<kBackward>& sh,
+  __device__ __forceinline__ void run_as(int c, const ActShared<kBackward, kGlu>& sh,
                                          const TileScheduler& sched, const CUtensorMap* out1,
                                          const CUtensorMap* out2) const {
-    using SH = ActShared<kBackward>;
+    using SH = ActShared<kBackward, kGlu>;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
     const int own = SH::act_barrier(c);
@@ -658,9 +664,9 @@ struct ActWarpgroup {
   // Tile j's (unit u's) buffers go back once its stores have read them. Called when tile
   // j + 1 has been staged: the stores had the wait for it to drain, and the consumer needs
   // the buffer only for tile j + 2.
-  __device__ void release(int c, const ActShared<kBackward>& sh, int j, int u,
+  __device__ void release(int c, const ActShared<kBackward, kGlu>& sh, int j, int u,
                           const TileScheduler& sched) const {
-    using SH = ActShared<kBackward>;
+    using SH = ActShared<kBackward, kGlu>;
     const int b = j & 1;
     if (threadIdx.x % 128 == 0) tma_store_wait_read<0>();
     named_barrier_sync(SH::act_barrier(c), 128);

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(512, 1)
                     TileScheduler sched, ActWarpgroup<T, A, kBackward, kGlu> act) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward>;
-  using SH = ActShared<kBackward>;
+  using SH = ActShared<kBackward, kGlu>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, SH::kBytes);
   const SH sh = SH::carve(ml.scratch);
@@ -289,7 +289,7 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
                 const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
   constexpr int kStage = 2 * 128 * 64 * 2;
   constexpr int kStages =
-      std::min(6, (232448 - 1024 - 256 - ActShared<kBackward>::kBytes) / kStage);
+      std::min(6, (232448 - 1024 - 256 - ActShared<kBackward, kGlu>::kBytes) / kStage);
   static_assert(kStages >= 3, "the activation warpgroup's tiles leave too little of a ring");
   using ML = Mainloop<T, 128, kStages, 4, false, kBackward>;
   const int dev = a.device().index;
@@ -303,7 +303,7 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   const TileScheduler sched{(m + 127) / 128, kGlu && !kBackward ? n / 64 : (n + 127) / 128,
                             (k + 63) / 64, 1};
   auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu>;
-  const int smem = ML::smem_bytes(ActShared<kBackward>::kBytes);
+  const int smem = ML::smem_bytes(ActShared<kBackward, kGlu>::kBytes);
   static std::once_flag once[8];
   std::call_once(once[dev % 8], [&] {
     FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
