@@ -582,13 +582,10 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
       doctest::Contains("act_warpgroups schedule is for the activation epilogues only"));
 }
 
-// Note [GLU warpgroup]: z = x·Wᵀ ([value | gate] rows of W in one tile) equals the plain
-// product bit for bit, out equals bias_glu_dropout of it, the mask included; the front door
-// runs it on Hopper from K = 1024 (returning z) and declines elsewhere (an undefined z).
 namespace {
 // The GLU backward (Note [GLU warpgroup]) against the GEMM followed by
-// bias_glu_dropout_backward: dz and the recomputed out bit-identical, db (when b is given)
-// the same bits on a second run and within fp32 accumulation plus one rounding of Σ_rows dz.
+// bias_glu_dropout_backward: dz and the recomputed out bit-identical, db the same bits on a
+// second run and within fp32 accumulation plus one rounding of Σ_rows dz.
 void check_glu_backward(Generator& g, const Tensor& z, const Tensor& b, Activation act,
                         const DropoutSpec& d, int64_t k, const std::string& what) {
   const int64_t m = z.size(0), h = z.size(1) / 2;
@@ -621,6 +618,10 @@ void check_glu_backward(Generator& g, const Tensor& z, const Tensor& b, Activati
 }
 }  // namespace
 
+// Note [GLU warpgroup]: z = x·Wᵀ ([value | gate] rows of W in one tile) equals the plain
+// product bit for bit, out equals bias_glu_dropout of it, the mask included; the front door
+// runs it on Hopper from K = 1024 (returning z) and declines elsewhere (an undefined z);
+// its backward likewise (check_glu_backward, linear_glu_backward).
 FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_dropout") {
   Generator g(76);
   if (!sm90_here()) {
