@@ -62,6 +62,19 @@ __device__ __forceinline__ T from_acc(A v) {
     return static_cast<T>(v);
 }
 
+// Two floats rounded to T (nearest even, as from_acc) in one packed conversion, lo in the low
+// half: the 4 bytes of a bf16x2 / half2 pair.
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
 // Grid for a grid-stride loop over n items with `threads` per block.
 inline unsigned grid_for(int64_t n, int threads, int max_blocks = 65535 * 8) {
   int64_t b = (n + threads - 1) / threads;

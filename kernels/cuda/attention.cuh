@@ -19,18 +19,6 @@ namespace ffn::cuda::attn {
 using u32 = uint32_t;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Two floats rounded to T (nearest even), lo in the low half.
-template <class T>
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const u32*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const u32*>(&v);
-  }
-}
-
 __device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(−inf) = 0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));

@@ -82,7 +82,6 @@ namespace {
 
 using attn::ex2;
 using attn::kLog2e;
-using attn::pack2;
 using attn::QueryKeys;
 using attn::u32;
 using namespace gemm;  // mbarriers, TMA, wgmma descriptors and instructions

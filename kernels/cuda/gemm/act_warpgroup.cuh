@@ -116,18 +116,6 @@ struct ActShared {
   }
 };
 
-// Two floats rounded to T (nearest even, as from_acc) in one packed conversion instruction.
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
-  } else {
-    const __half2 p = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&p);
-  }
-}
-
 // The consumer's 64-row block rb (0, 1) of a 128×128 tile, rounded to T, into the
 // staged tile in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): a store
 // instruction's eight rows hit eight different chunks). acc in wgmma.cuh's layout.

@@ -14,26 +14,54 @@ bool aligned16(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
+// The activations the epilogues are instantiated for.
+bool has_epilogue(Activation act) {
+  return act == Activation::gelu_erf || act == Activation::gelu_tanh || act == Activation::silu;
+}
+
+// t must be a contiguous `shape` tensor of dtype dt on the GPU, 16-byte aligned where the
+// kernel moves it in 16-byte chunks (align16).
+void check_operand(const char* what, const Tensor& t, const char* name, const Shape& shape,
+                   DType dt, bool align16 = true) {
+  FFN_CHECK(t.defined() && t.is_cuda() && t.dtype() == dt && t.shape() == shape &&
+                t.is_contiguous() && (!align16 || aligned16(t)),
+            "[sm90_gemm] ", what, ": ", name, " must be a contiguous",
+            align16 ? ", 16-byte aligned " : " ", shape_str(shape), " ", dtype_name(dt),
+            " tensor on the GPU, got ", t.defined() ? shape_str(t.shape()) : std::string("none"),
+            " ", t.defined() ? dtype_name(t.dtype()) : "");
+}
+
 // z (backward's input) and hd (an output) must match out: [m, n], out's dtype, contiguous and
-// 16-byte aligned; b is an optional contiguous [n] of the same dtype on the same GPU.
+// 16-byte aligned; b is an optional [n] of the same kind.
 void check_act_tensors(const char* what, const Tensor& out, const Tensor* z, const Tensor& hd,
                        const Tensor& b) {
-  auto check = [&](const Tensor& t, const char* name) {
-    FFN_CHECK(t.defined() && t.is_cuda() && t.dtype() == out.dtype() && t.shape() == out.shape() &&
-                  t.is_contiguous() && aligned16(t),
-              "[sm90_gemm] ", what, ": ", name, " must be a contiguous, 16-byte aligned ",
-              shape_str(out.shape()), " ", dtype_name(out.dtype()), " tensor on the GPU, got ",
-              t.defined() ? shape_str(t.shape()) : std::string("none"), " ",
-              t.defined() ? dtype_name(t.dtype()) : "");
+  if (z) check_operand(what, *z, "z", out.shape(), out.dtype());
+  check_operand(what, hd, "hd", out.shape(), out.dtype());
+  if (b.defined()) check_operand(what, b, "the bias", {out.size(1)}, out.dtype());
+}
+
+// go.template operator()<T, A>() for the 16-bit element type dt and the activation act.
+template <class F>
+void dispatch(DType dt, Activation act, F&& go) {
+  auto typed = [&]<class T>() {
+    switch (act) {
+      case Activation::gelu_erf:
+        go.template operator()<T, Activation::gelu_erf>();
+        break;
+      case Activation::gelu_tanh:
+        go.template operator()<T, Activation::gelu_tanh>();
+        break;
+      case Activation::silu:
+        go.template operator()<T, Activation::silu>();
+        break;
+      default:
+        FFN_THROW("[sm90_gemm] no activation epilogue for ", activation_name(act));
+    }
   };
-  if (z) check(*z, "z");
-  check(hd, "hd");
-  if (b.defined())
-    FFN_CHECK(b.is_cuda() && b.dtype() == out.dtype() && b.dim() == 1 &&
-                  b.size(0) == out.size(1) && b.is_contiguous() && aligned16(b),
-              "[sm90_gemm] ", what, ": the bias must be a contiguous, 16-byte aligned [",
-              out.size(1), "] ", dtype_name(out.dtype()), " tensor, got ", shape_str(b.shape()),
-              " ", dtype_name(b.dtype()));
+  if (dt == DType::bf16)
+    typed.template operator()<__nv_bfloat16>();
+  else
+    typed.template operator()<__half>();
 }
 
 // db = the column sums of the per-128-row-tile partials [tiles_m, n] (fp32), summed in a fixed
@@ -59,32 +87,20 @@ void run_act(const Tensor& a, const Tensor& b, Tensor& out, Tensor& hd, const Te
   t.pingpong = schedule == Sm90Schedule::pingpong;
   t.bn = !t.pingpong && out.size(1) >= 256 ? 256 : 128;
   const int m = static_cast<int>(out.size(0)), n = static_cast<int>(out.size(1));
-  auto typed = [&]<class T>() {
-    const T* zp = z ? static_cast<const T*>(z->data_ptr()) : nullptr;
+  dispatch(out.dtype(), act, [&]<class T, Activation A>() {
     const T* bp = bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr;
-    auto go = [&]<Activation A>() {
-      if (schedule == Sm90Schedule::automatic || schedule == Sm90Schedule::act_warpgroups) {
-        Tensor part;
-        if (db) part = Tensor::empty({(m + 127) / 128, n}, DType::f32, out.device());
-        gemm::launch_act<T, A, kBackward>(a, b, out, hd, z, bp, DeviceMask::from(d),
-                                          db ? static_cast<float*>(part.data_ptr()) : nullptr);
-        if (db) sum_partials<T>(part, *db);
-        return;
-      }
-      const gemm::ActTma<T, A, kBackward> epi{zp, bp, m, n};
-      gemm::launch_tiling<T, false, kBackward>(a, b, out, epi, t, &hd);
-    };
-    switch (act) {
-      case Activation::gelu_erf: go.template operator()<Activation::gelu_erf>(); break;
-      case Activation::gelu_tanh: go.template operator()<Activation::gelu_tanh>(); break;
-      case Activation::silu: go.template operator()<Activation::silu>(); break;
-      default: FFN_THROW("[sm90_gemm] no activation epilogue for ", activation_name(act));
+    if (schedule == Sm90Schedule::automatic || schedule == Sm90Schedule::act_warpgroups) {
+      Tensor part;
+      if (db) part = Tensor::empty({(m + 127) / 128, n}, DType::f32, out.device());
+      gemm::launch_act<T, A, kBackward>(a, b, out, hd, z, bp, DeviceMask::from(d),
+                                        db ? static_cast<float*>(part.data_ptr()) : nullptr);
+      if (db) sum_partials<T>(part, *db);
+      return;
     }
-  };
-  if (out.dtype() == DType::bf16)
-    typed.template operator()<__nv_bfloat16>();
-  else
-    typed.template operator()<__half>();
+    const T* zp = z ? static_cast<const T*>(z->data_ptr()) : nullptr;
+    const gemm::ActTma<T, A, kBackward> epi{zp, bp, m, n};
+    gemm::launch_tiling<T, false, kBackward>(a, b, out, epi, t, &hd);
+  });
 }
 
 // Dropout runs only on the activation warpgroups (ActTma has no mask).
@@ -100,8 +116,7 @@ void check_act_dropout(const char* what, const DropoutSpec& d, Sm90Schedule sche
 
 bool sm90_gemm_act_supported(const Tensor& a, const Tensor& b, bool backward, Activation act,
                              const Tensor& out) {
-  if (act != Activation::gelu_erf && act != Activation::gelu_tanh && act != Activation::silu)
-    return false;
+  if (!has_epilogue(act)) return false;
   if (!sm90_gemm_supported(a, b, out, false, !backward)) return false;
   return out.size(1) % 8 == 0 && aligned16(out);
 }
@@ -129,18 +144,13 @@ void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& 
   if (db) {
     FFN_CHECK(schedule == Sm90Schedule::automatic || schedule == Sm90Schedule::act_warpgroups,
               "[sm90_gemm] the activation backward sums db only with the act_warpgroups schedule");
-    FFN_CHECK(db->defined() && db->is_cuda() && db->dtype() == dz.dtype() && db->dim() == 1 &&
-                  db->size(0) == dz.size(1) && db->is_contiguous(),
-              "[sm90_gemm] the activation backward: db must be a contiguous [", dz.size(1), "] ",
-              dtype_name(dz.dtype()), " tensor on the GPU, got ",
-              db->defined() ? shape_str(db->shape()) : std::string("none"));
+    check_operand("the activation backward", *db, "db", {dz.size(1)}, dz.dtype(), false);
   }
   run_act<true>(dy, w, dz, hd, &z, b, act, d, schedule, db);
 }
 
 bool sm90_gemm_glu_supported(const Tensor& x, const Tensor& w, Activation act, const Tensor& z) {
-  if (act != Activation::gelu_erf && act != Activation::gelu_tanh && act != Activation::silu)
-    return false;
+  if (!has_epilogue(act)) return false;
   if (!sm90_gemm_supported(x, w, z, false, true)) return false;
   return z.size(1) % 128 == 0 && aligned16(z);
 }
@@ -152,47 +162,19 @@ void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activat
             "ᵀ -> z ", shape_str(z.shape()), " with ", activation_name(act),
             " (sm90_gemm_glu_supported says which operands it takes)");
   detail::check_dropout(d, "sm90_gemm");
+  const char* what = "the GLU forward";
   const int64_t h = z.size(1) / 2;
-  FFN_CHECK(out.defined() && out.is_cuda() && out.dtype() == z.dtype() && out.dim() == 2 &&
-                out.size(0) == z.size(0) && out.size(1) == h && out.is_contiguous() &&
-                aligned16(out),
-            "[sm90_gemm] the GLU forward: out must be a contiguous, 16-byte aligned [", z.size(0),
-            ", ", h, "] ", dtype_name(z.dtype()), " tensor on the GPU, got ",
-            out.defined() ? shape_str(out.shape()) : std::string("none"));
-  if (b.defined())
-    FFN_CHECK(b.is_cuda() && b.dtype() == z.dtype() && b.dim() == 1 && b.size(0) == 2 * h &&
-                  b.is_contiguous() && aligned16(b),
-              "[sm90_gemm] the GLU forward: the bias must be a contiguous, 16-byte aligned [",
-              2 * h, "] ", dtype_name(z.dtype()), " tensor, got ", shape_str(b.shape()));
-  auto typed = [&]<class T>() {
+  check_operand(what, out, "out", {z.size(0), h}, z.dtype());
+  if (b.defined()) check_operand(what, b, "the bias", {2 * h}, z.dtype());
+  dispatch(z.dtype(), act, [&]<class T, Activation A>() {
     const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
-    auto go = [&]<Activation A>() {
-      gemm::launch_act<T, A, false, true>(x, w, z, out, nullptr, bp, DeviceMask::from(d));
-    };
-    switch (act) {
-      case Activation::gelu_erf:
-        go.template operator()<Activation::gelu_erf>();
-        break;
-      case Activation::gelu_tanh:
-        go.template operator()<Activation::gelu_tanh>();
-        break;
-      case Activation::silu:
-        go.template operator()<Activation::silu>();
-        break;
-      default:
-        FFN_THROW("[sm90_gemm] no GLU epilogue for ", activation_name(act));
-    }
-  };
-  if (z.dtype() == DType::bf16)
-    typed.template operator()<__nv_bfloat16>();
-  else
-    typed.template operator()<__half>();
+    gemm::launch_act<T, A, false, true>(x, w, z, out, nullptr, bp, DeviceMask::from(d));
+  });
 }
 
 bool sm90_gemm_glu_backward_supported(const Tensor& dy, const Tensor& w, Activation act,
                                       const Tensor& out) {
-  if (act != Activation::gelu_erf && act != Activation::gelu_tanh && act != Activation::silu)
-    return false;
+  if (!has_epilogue(act)) return false;
   if (!sm90_gemm_supported(dy, w, out, false, false)) return false;
   return out.size(1) % 8 == 0 && aligned16(out);
 }
@@ -206,46 +188,20 @@ void sm90_gemm_nn_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& 
             shape_str(out.shape()), " with ", activation_name(act),
             " (sm90_gemm_glu_backward_supported says which operands it takes)");
   detail::check_dropout(d, "sm90_gemm");
+  const char* what = "the GLU backward";
   const int64_t m = out.size(0), h = out.size(1);
-  auto check = [&](const Tensor* t, const char* name, const Shape& shape) {
-    FFN_CHECK(t->defined() && t->is_cuda() && t->dtype() == out.dtype() && t->shape() == shape &&
-                  t->is_contiguous() && aligned16(*t),
-              "[sm90_gemm] the GLU backward: ", name, " must be a contiguous, 16-byte aligned ",
-              shape_str(shape), " ", dtype_name(out.dtype()), " tensor on the GPU, got ",
-              t->defined() ? shape_str(t->shape()) : std::string("none"), " ",
-              t->defined() ? dtype_name(t->dtype()) : "");
-  };
-  check(&z, "z", {m, 2 * h});
-  check(&dz, "dz", {m, 2 * h});
-  if (b.defined()) check(&b, "the bias", {2 * h});
-  if (db) check(db, "db", {2 * h});
-  auto typed = [&]<class T>() {
+  check_operand(what, z, "z", {m, 2 * h}, out.dtype());
+  check_operand(what, dz, "dz", {m, 2 * h}, out.dtype());
+  if (b.defined()) check_operand(what, b, "the bias", {2 * h}, out.dtype());
+  if (db) check_operand(what, *db, "db", {2 * h}, out.dtype(), false);
+  Tensor part;
+  if (db) part = Tensor::empty({(m + 127) / 128, 2 * h}, DType::f32, out.device());
+  dispatch(out.dtype(), act, [&]<class T, Activation A>() {
     const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
-    Tensor part;
-    if (db) part = Tensor::empty({(m + 127) / 128, 2 * h}, DType::f32, out.device());
-    float* pp = db ? static_cast<float*>(part.data_ptr()) : nullptr;
-    auto go = [&]<Activation A>() {
-      gemm::launch_act<T, A, true, true>(dy, w, dz, out, &z, bp, DeviceMask::from(d), pp);
-    };
-    switch (act) {
-      case Activation::gelu_erf:
-        go.template operator()<Activation::gelu_erf>();
-        break;
-      case Activation::gelu_tanh:
-        go.template operator()<Activation::gelu_tanh>();
-        break;
-      case Activation::silu:
-        go.template operator()<Activation::silu>();
-        break;
-      default:
-        FFN_THROW("[sm90_gemm] no GLU epilogue for ", activation_name(act));
-    }
+    gemm::launch_act<T, A, true, true>(dy, w, dz, out, &z, bp, DeviceMask::from(d),
+                                       db ? static_cast<float*>(part.data_ptr()) : nullptr);
     if (db) sum_partials<T>(part, *db);
-  };
-  if (z.dtype() == DType::bf16)
-    typed.template operator()<__nv_bfloat16>();
-  else
-    typed.template operator()<__half>();
+  });
 }
 
 }  // namespace ffn::cuda
