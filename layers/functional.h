@@ -75,8 +75,8 @@ Var linear_cross_entropy(const Var& x, const Var& w, const Tensor& targets,
 // The forward does the gradient work only when grad mode is on and x or w needs a gradient;
 // otherwise it is the loss alone. Chunks trade memory for speed: each one re-reads and
 // re-writes the fp32 dw (155 MB for GPT-2), and smaller GEMMs fill the GPU less
-// (bench/RESULTS.md, session 11, measures it). The result equals the unfused pair up to
-// rounding: the dw sum over chunks is in fp32, the row order of the loss mean is the same.
+// (bench/RESULTS-2026-11-24-s11-13.md, session 11, measures it). The result equals the unfused pair
+// up to rounding: the dw sum over chunks is in fp32, the row order of the loss mean is the same.
 
 // Rotary position embeddings on the q and k heads of qkv [B, T, (heads + 2·kv_heads)·D]
 // (kernels/rope.h); the gradient rotates back.
