@@ -1,7 +1,10 @@
 // tests/test_layers.cpp — layers: finite-difference gradients, saved state, errors, training.
 #include <cmath>
 
+#include "kernels/bias_act_dropout.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
+#include "layers/ffn_functional.h"
 #include "layers/layers.h"
 #include "layers/transformer.h"
 #include "optim/sgd.h"
@@ -343,6 +346,62 @@ FFN_GPU_TEST("two runs of a GPU FFN step are bitwise identical") {
     for (size_t i = 0; i < a.grads.size(); ++i)
       CHECK(ffn::test::max_abs_diff(a.grads[i], b.grads[i]) == 0.0);
   }
+}
+
+// The FFN's fc2 half: no W1, y = dropout(act(x))·W2ᵀ + b2 (the welder_fc2 workload). Its
+// backward runs dhd = dy·W2 with z = x in the activation warpgroups' epilogue on Hopper
+// (16-byte rows, d_out ≥ 1024), which writes dx and the recomputed hd for dW2; h = 201 has
+// no 16-byte rows and takes the GEMM and the fused elementwise pass, as epilogues off does.
+FFN_GPU_TEST("the FFN's fc2 half (welder_fc2) on the GPU matches the CPU, fused and unfused") {
+  Generator g(63);
+  const bool epilogues = gemm_epilogues();
+  const Device gpu = Device::cuda(0);
+  const int64_t m = 75, d_out = 1024;
+  for (DType dt : {DType::f16, DType::bf16})
+    for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh})
+      for (int64_t h : {200, 1608, 201})
+        for (float p : {0.5f, 0.0f}) {
+          const std::string what = std::string(dtype_name(dt)) + " " + activation_name(act) + " h" +
+                                   std::to_string(h) + " p" + std::to_string(p);
+          CAPTURE(what);
+          // Values representable in dt, so the CPU (f64) and the GPU start from the same ones.
+          const Tensor x = rand64({m, h}, g).to(dt).to(DType::f64);
+          const Tensor w2 = rand64({d_out, h}, g, 0.05).to(dt).to(DType::f64);
+          const Tensor b2 = rand64({d_out}, g).to(dt).to(DType::f64);
+          const Tensor dy = rand64({m, d_out}, g).to(dt).to(DType::f64);
+          const FfnConfig cfg{act, false, false};
+          const FfnDropout d{{p, 4242, 9}, {}};
+          auto run = [&](Device dev, DType t) {
+            const FfnParams ps{{}, {}, w2.to(t).to(dev), b2.to(t).to(dev)};
+            const Tensor xd = x.to(t).to(dev);
+            const FfnForward f = ffn_forward(xd, ps, cfg, d);
+            const FfnGrads gr = ffn_backward(dy.to(t).to(dev), xd, f, ps, cfg, d, true);
+            std::vector<Tensor> out;
+            for (const Tensor& v : {f.y, gr.dx, gr.dw2, gr.db2})
+              out.push_back(v.to(Device::cpu()).to(DType::f64));
+            return out;
+          };
+          const std::vector<Tensor> ref = run(Device::cpu(), DType::f64);
+          const char* names[] = {"y", "dx", "dW2", "db2"};
+          for (bool epi : {true, false}) {
+            set_gemm_epilogues(epi);
+            const std::vector<Tensor> got = run(gpu, dt);
+            for (size_t i = 0; i < ref.size(); ++i) {
+              const double err = ffn::test::rel_l2(got[i], ref[i]);
+              INFO(names[i], " epilogues ", epi, " rel_l2 = ", err);
+              CHECK(err <= 1e-2);  // 16-bit storage of every intermediate, as above
+            }
+          }
+          set_gemm_epilogues(epilogues);
+          // On Hopper the front door takes this backward for the 16-byte rows: the GPU
+          // runs above took the fused kernel there.
+          const Tensor probe = Tensor::zeros({8, 8}, DType::bf16, gpu);
+          if (h % 8 == 0 && cuda::sm90_gemm_supported(probe, probe, probe, false, true)) {
+            Tensor dz = Tensor::empty({m, h}, dt, gpu), hd = dz.clone();
+            CHECK(linear_act_backward(dy.to(dt).to(gpu), w2.to(dt).to(gpu), x.to(dt).to(gpu), {},
+                                      act, d.hidden, dz, hd, nullptr));
+          }
+        }
 }
 
 FFN_GPU_TEST("an FFN regression on the GPU trains: loss falls at least 10x") {
