@@ -68,6 +68,12 @@ namespace ffn::cuda::gemm {
 // cuobjdump found local loads/stores in 7 of the 12 kernels and they ran slower (session
 // 15, call 2: the backward with dropout at ffn_d1024 0.505 against 0.420 ms, without it at
 // gpt2 0.251 against 0.237).
+// One exception since session 17: the bf16 gelu_erf backward has one 4-byte spill (a store
+// and a load) with z kept one box instead of two, which still measured 5% faster at gpt2's
+// fc1. The backward's activation warps stall mostly on fixed-latency dependencies (ncu,
+// session 17: stall_wait 32%, 46 instructions an element at gpt2's fc1), so registers freed
+// for more elements in flight pay: dz written at once and z one box ahead row by row made
+// the backward at K <= 1024 2-4% and then 5-9% faster (bench/RESULTS.md, session 17).
 // The hidden dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col ..
 // + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
 // computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
@@ -488,18 +494,15 @@ struct ActWarpgroup {
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
     const int own = SH::act_barrier(c);
-    // Backward: z of row box 0 and 1 in registers, one box ahead: box rb of the next tile is
-    // loaded as soon as box rb of this one is computed, so each load has a box's work to land
-    // (the activation warpgroups are the bound at small K, where a load waited for in place
-    // would add its whole latency to every tile). Two arrays selected by rb: an array indexed
-    // by the loop's rb would live in local memory.
-    uint4 z0[4], z1[4];
+    // Backward: z of the box being computed in registers, each row replaced by the same row
+    // of the next box (box 1 of this tile, then box 0 of the next one) as soon as it is
+    // computed, so each load has a box's work to land (the activation warpgroups are the
+    // bound at small K, where a load waited for in place would add its whole latency to every
+    // tile) while only one box's z is live (two boxes' until session 17: 16 more registers).
+    uint4 zc[4];
     if constexpr (kBackward) {
-      if (static_cast<int>(blockIdx.x) < sched.num_units()) {
-        const Unit first = sched.unit(blockIdx.x);
-        load_z(first, c, 0, r0, ch, z0);
-        load_z(first, c, 1, r0, ch, z1);
-      }
+      if (static_cast<int>(blockIdx.x) < sched.num_units())
+        load_z(sched.unit(blockIdx.x), c, 0, r0, ch, zc);
     }
     int j = 0;
     for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
@@ -529,10 +532,15 @@ struct ActWarpgroup {
       float dsum[8];  // backward: this thread's column sums over the block's rows
 #pragma unroll
       for (int e = 0; e < 8; ++e) dsum[e] = 0.0f;
+      const int next = u + static_cast<int>(gridDim.x);
 #pragma unroll 1
       for (int rb = 0; rb < 2; ++rb) {
         uint8_t* box = st + (2 * rb + c) * SH::kBoxBytes;
         uint4 o1[4], o2[4];
+        // Backward: the box whose z replaces this one's, row by row (its row i at zrow + 16i).
+        const bool znext = rb == 0 || next < sched.num_units();
+        const Unit zun = rb == 0 || !znext ? un : sched.unit(next);
+        const int zrow = 128 * zun.tm + 64 * (rb ^ 1) + r0, zcol = 128 * zun.tn + 64 * c + 8 * ch;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int r = r0 + 16 * i;
@@ -547,7 +555,11 @@ struct ActWarpgroup {
           if constexpr (kDrop)
             keep = keep_bits(static_cast<int64_t>(rows + 64 * rb + r) * n + col + 8 * ch);
           if constexpr (kBackward) {
-            const uint4 zraw = rb == 0 ? z0[i] : z1[i];
+            const uint4 zraw = zc[i];
+            if (znext) {
+              const int64_t zat = chunk(zrow + 16 * i, zcol);
+              zc[i] = zat >= 0 ? __ldg(reinterpret_cast<const uint4*>(z + zat)) : uint4{};
+            }
             const T* zt = reinterpret_cast<const T*>(&zraw);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {  // element pairs: one packed rounding per output pair
@@ -588,15 +600,6 @@ struct ActWarpgroup {
               }
               p2[q] = pack2<T>(f2[0], f2[1]);
             }
-          }
-        }
-        if constexpr (kBackward) {  // box rb of the next tile's z (see above)
-          const int next = u + static_cast<int>(gridDim.x);
-          if (next < sched.num_units()) {
-            if (rb == 0)
-              load_z(sched.unit(next), c, 0, r0, ch, z0);
-            else
-              load_z(sched.unit(next), c, 1, r0, ch, z1);
           }
         }
         if constexpr (!kBackward) {
