@@ -69,11 +69,11 @@ namespace ffn::cuda::gemm {
 // 15, call 2: the backward with dropout at ffn_d1024 0.505 against 0.420 ms, without it at
 // gpt2 0.251 against 0.237).
 // One exception since session 17: the bf16 gelu_erf backward has one 4-byte spill (a store
-// and a load) with z kept one box instead of two, which still measured 5% faster at gpt2's
+// and a load) with z kept one box instead of two, which still measured 8% faster at gpt2's
 // fc1. The backward's activation warps stall mostly on fixed-latency dependencies (ncu,
 // session 17: stall_wait 32%, 46 instructions an element at gpt2's fc1), so registers freed
 // for more elements in flight pay: dz written at once and z one box ahead row by row made
-// the backward at K <= 1024 2-4% and then 5-9% faster (bench/RESULTS.md, session 17).
+// the backward at K <= 1024 1-4% and then 5-9% faster (bench/RESULTS.md, session 17).
 // The hidden dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col ..
 // + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
 // computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
@@ -586,7 +586,7 @@ struct ActWarpgroup {
             if (at >= 0) *reinterpret_cast<uint4*>(hd + at) = o2[i];  // hd straight to memory
             // dz over the dhd chunk only this thread has read, at once: the four rows' dz no
             // longer stay live across the loop, which leaves registers for more elements in
-            // flight (the backward at K <= 1024 2-4% faster, session 17).
+            // flight (the backward at K <= 1024 1-4% faster, session 17).
             *reinterpret_cast<uint4*>(box + off) = o1[i];
           } else {
 #pragma unroll
