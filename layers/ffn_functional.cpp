@@ -133,7 +133,8 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
 
   // The middle: dz (and db1) from dhd = dz2·W2 and the saved z, recomputing hd for dW2 on the
   // way; in dhd's GEMM epilogue where it can (linear_act_backward, linear_glu_backward), else
-  // in one fused pass. Without W1 (welder_fc2) z is x, and the same epilogue gives dx.
+  // in one fused pass. Without W1 (welder_fc2) z is x, and the plain epilogue gives dx (the
+  // gated one without W1 has not run on a GPU: it keeps the GEMM and the fused pass).
   Tensor z = x;
   if (p.w1.defined()) {
     if (z_saved.defined()) {
@@ -150,7 +151,7 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
   Tensor* db1_fused = p.b1.defined() ? &g.db1 : nullptr;
   const bool fused =
-      gemm_epilogues() && p.w2.defined() &&
+      gemm_epilogues() && p.w2.defined() && (p.w1.defined() || !cfg.gated) &&
       (cfg.gated ? linear_glu_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused)
                  : linear_act_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused));
   if (!fused) {
