@@ -44,9 +44,11 @@ namespace ffn::cuda::gemm {
 // Two warps of activation per SM sub-partition hide each other's latency (gpt2's fc1 on an
 // H100, session 14: forward 0.167 ms against 0.192 for GEMM + kernel and 0.117 for the bare
 // GEMM, backward with db1 0.237 against 0.285 and 0.117; ffn_d4096's backward 1.82 against
-// 2.02 and 1.66; bench/RESULTS.md). At gpt2's K = 768 the forward is bound by the consumer
-// (its mainloop, then staging with the MMAs idle) and the backward by the activation
-// warpgroups (the consumer waits for the staged buffer). Handoffs:
+// 2.02 and 1.66; bench/RESULTS.md). At gpt2's K = 768 both directions are bound by the
+// activation warpgroups' own work: with them only taking and returning each staged tile
+// (a test switch, session 17) the forward and the backward ran at the bare GEMM's time
+// (0.118 and 0.120 ms against 0.119 and 0.121), so the consumer's staging costs nothing.
+// Handoffs:
 //   staged[b] full   named barrier 4 + b over 384 threads: the consumer's threads arrive
 //                    (bar.arrive, release) after writing and fencing the tile, the activation
 //                    warpgroups sync on it before reading;
