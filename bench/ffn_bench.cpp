@@ -176,8 +176,8 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 
 }  // namespace
 
-// Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned, and its first heuristic
-// choice, which ffn-train uses unless runtime.gemm_autotune is on) on the products of the
+// Our Hopper GEMM (kernels/cuda/gemm/) against cuBLASLt (autotuned, as ffn-train runs it since
+// session 18, and its first heuristic choice, what ffn-train ran before) on the products of the
 // docs/design.md workloads and GPT-2 124M (B·T = 16384), one JSON line per product: each Linear's
 // forward x·Wᵀ ("fwd", NT), its input gradient dy·W ("dgrad", NN) and its weight gradient
 // dyᵀ·x ("wgrad", TN); then the fused fc1 (GEMM + bias + GELU + dropout in the epilogue)
@@ -229,8 +229,8 @@ void gemm_comparison(int device, int warmup, int iters) {
       const double best = ours(cuda::Sm90Schedule::automatic, true);
       const double lt = median_ms(device, warmup, iters,
                                   [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); });
-      // What ffn-train runs by default (runtime.gemm_autotune = false, for bit-exact
-      // resume): cuBLASLt's first heuristic choice.
+      // What ffn-train ran before session 18 (runtime.gemm_autotune = false, for bit-exact
+      // resume, until Note [GEMM choices]): cuBLASLt's first heuristic choice.
       const bool tuned = gemm_autotune();
       set_gemm_autotune(false);
       const double lt_first = median_ms(
@@ -455,7 +455,7 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     Tensor dw = Tensor::empty({sh.n, sh.k}, DType::bf16, dev),
            db = Tensor::empty({sh.n}, DType::bf16, dev);
     const bool tuned = gemm_autotune();
-    set_gemm_autotune(false);  // what ffn-train runs
+    set_gemm_autotune(false);  // what ffn-train ran before session 18 (Note [GEMM choices])
     const double apart = median_ms(device, warmup, iters, [&] {
       gemm(dy, x, dw, {.trans_a = true});
       bias_grad(dy, db);

@@ -118,6 +118,17 @@ void gemm(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
 void gemm_batched(const Tensor&, const Tensor&, Tensor&, const GemmArgs&) {
   no_cuda("bmm");
 }
+// Note [GEMM choices]: nothing is tuned without CUDA.
+std::string gemm_choices() {
+  return {};
+}
+RestoredGemmChoices restore_gemm_choices(const std::string&, const std::string&, bool) {
+  no_cuda("restore_gemm_choices");
+}
+GemmChoiceStats gemm_choice_stats() {
+  return {};
+}
+void reset_gemm_choices() {}
 
 bool sm90_gemm_supported(const Tensor&, const Tensor&, const Tensor&, bool, bool) {
   return false;

@@ -113,6 +113,23 @@ bool gemm_autotune() {
   return env_switch(g_autotune, "FFN_GEMM_TUNE");
 }
 
+std::string gemm_choices() {
+  return cuda::gemm_choices();
+}
+
+RestoredGemmChoices restore_gemm_choices(const std::string& text, const std::string& source,
+                                         bool replace) {
+  return cuda::restore_gemm_choices(text, source, replace);
+}
+
+GemmChoiceStats gemm_choice_stats() {
+  return cuda::gemm_choice_stats();
+}
+
+void reset_gemm_choices() {
+  cuda::reset_gemm_choices();
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args) {
   check_dim(a, 2, "matmul", "a");
   check_dim(b, 2, "matmul", "b");

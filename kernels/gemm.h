@@ -23,6 +23,8 @@
 // the measurements deciding where the layers use which epilogue.
 #pragma once
 
+#include <string>
+
 #include "core/tensor.h"
 
 namespace ffn {
@@ -44,9 +46,42 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args = {}
 
 // GPU GEMM autotuning (kernels/cuda/gemm.cu): on by default unless FFN_GEMM_TUNE=0. It picks
 // algorithms by timing, so two processes may pick differently (results then differ in the
-// last bits); trainers that promise bit-exact resume turn it off.
+// last bits) unless the second restores the first's choices (Note [GEMM choices]).
 void set_gemm_autotune(bool on);
 bool gemm_autotune();
+
+// Note [GEMM choices]
+// ~~~~~~~~~~~~~~~~~~~
+// With autotuning on, the first call of each large product (m·n·k ≥ 2^30) times cuBLASLt's
+// top candidates and keeps the fastest for the process. Another process may time them
+// differently and so compute in other last bits, which would break bit-exact resume.
+// gemm_choices() writes this process's timed (and restored) choices as text: a header with
+// the cuBLASLt version and the GPU's compute capability, then one line per product (batch,
+// m, n, k, transposes, cuBLASLt epilogue, dtypes, pointer alignment and the algorithm's 64
+// bytes, which cuBLASLt documents as serializable for the same library version).
+// restore_gemm_choices() makes this process use them for those products instead of timing
+// (each checked with cublasLtMatmulAlgoCheck; one it rejects is timed and counted); with
+// `replace`, plans already made take them too. A file from another cuBLASLt version or GPU
+// restores nothing and says why. The trainer stores the text in every checkpoint
+// (train/checkpoint.h) and restores it on resume, and under data parallelism every rank
+// takes rank 0's choices after the first step, so autotuning is on by default for training
+// and resume stays bit-exact.
+struct RestoredGemmChoices {
+  int64_t count = 0;    // products restored
+  std::string skipped;  // why none were, when the header did not match
+};
+struct GemmChoiceStats {
+  int64_t timed = 0;     // plans chosen by timing
+  int64_t restored = 0;  // plans that took a restored choice
+  int64_t rejected = 0;  // restored choices cuBLASLt refused (those plans were timed instead)
+};
+std::string gemm_choices();  // "" when nothing was timed or restored (always without CUDA)
+// Throws, naming `source` and the line, on text that is not a choices file.
+RestoredGemmChoices restore_gemm_choices(const std::string& text, const std::string& source,
+                                         bool replace = false);
+GemmChoiceStats gemm_choice_stats();
+// Forgets every plan, restored choice and count: the next call plans as a new process would.
+void reset_gemm_choices();
 
 // Whether the layers fold their elementwise work into GEMM epilogues on the GPU (Note
 // [Activation warpgroup]: the FFN's activation, and db1, in the own Hopper GEMM). The
@@ -72,6 +107,11 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args);
 namespace cuda {
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args);
 void gemm_batched(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args);
+std::string gemm_choices();
+RestoredGemmChoices restore_gemm_choices(const std::string& text, const std::string& source,
+                                         bool replace);
+GemmChoiceStats gemm_choice_stats();
+void reset_gemm_choices();
 }
 
 }  // namespace ffn

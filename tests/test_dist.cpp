@@ -102,6 +102,26 @@ Tensor ids(int64_t b, int64_t t, int shift) {
 
 }  // namespace
 
+TEST_CASE(
+    "broadcast_text: rank root's text, every byte value and the empty text, on 2 and 3 ranks") {
+  std::string text = "# GEMM choices\n";
+  for (int c = 0; c < 256; ++c) text += static_cast<char>(c);
+  for (int world : {2, 3})
+    for (const std::string& sent : {text, std::string()}) {
+      const int root = world - 1;
+      auto group = make_thread_group(world);
+      std::vector<std::string> got(static_cast<size_t>(world));
+      std::vector<std::thread> ts;
+      for (int r = 0; r < world; ++r)
+        ts.emplace_back([&, r] {
+          got[r] =
+              broadcast_text(*group[r], r == root ? sent : "not this", root, Device::cpu(), "test");
+        });
+      for (auto& t : ts) t.join();
+      for (int r = 0; r < world; ++r) CHECK(got[r] == sent);
+    }
+}
+
 TEST_CASE("GradSync: 2 ranks with half batches each give the full batch's gradient") {
   const Tensor x = ids(4, 8, 0), y = ids(4, 8, 1);
   // Reference: one process, the whole batch.

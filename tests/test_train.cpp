@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 
+#include "kernels/gemm.h"
 #include "optim/adamw.h"
 #include "tests/test_util.h"
 #include "tests/train_test_util.h"
@@ -383,6 +384,45 @@ TEST_CASE("resume is bit-exact: N steps + resume + N steps == 2N steps") {
   // A fresh run refuses to clobber a run dir with checkpoints.
   CHECK_THROWS_WITH_AS(run_training(tiny_config(a, 10), quiet),
                        doctest::Contains("already holds checkpoints"), Error);
+  fs::remove_all(root);
+}
+
+FFN_GPU_TEST("a GPU run with tuned GEMMs resumes bit-exact: the choices travel in the checkpoint") {
+  const fs::path root = temp_dir("gemm-choices");
+  const std::string a = (root / "straight").string(), b = (root / "split").string();
+  // 4096 rows a step at d_model 256: the FFN's products reach m·n·k = 2^30 and are timed.
+  auto cfg = [](const std::string& dir) {
+    return ffn::test::tiny_run(
+        dir, 8,
+        {"runtime.device=cuda", "runtime.gemm_autotune=true", "model.d_model=256", "model.heads=4",
+         "model.context=256", "train.batch_size=16", "model.dropout=0.1"});
+  };
+  TrainOptions quiet;
+  quiet.quiet = true;
+  reset_gemm_choices();
+  run_training(cfg(a), quiet);
+  CHECK(gemm_choice_stats().timed > 0);
+  CHECK(read_gemm_choices((fs::path(a) / "ckpt-8").string()).find("\ngemm ") != std::string::npos);
+  // The first half in this process, so with the choices the straight run timed; the second
+  // as a new process would start: with nothing but the checkpoint's.
+  TrainOptions first = quiet;
+  first.stop_after = 4;
+  run_training(cfg(b), first);
+  reset_gemm_choices();
+  TrainOptions second = quiet;
+  second.resume = b;
+  run_training(cfg(b), second);
+  const GemmChoiceStats st = gemm_choice_stats();
+  CHECK(st.restored > 0);
+  CHECK(st.timed == 0);
+  CHECK(st.rejected == 0);
+  const auto la = metric_lines(a, "train_loss"), lb = metric_lines(b, "train_loss");
+  REQUIRE(la.size() == 8);
+  CHECK(la == lb);
+  CHECK(metric_lines(a, "val_loss") == metric_lines(b, "val_loss"));
+  for (const char* f : {"model.safetensors", "optim.safetensors"})
+    CHECK_MESSAGE(slurp(fs::path(a) / "ckpt-8" / f) == slurp(fs::path(b) / "ckpt-8" / f), f);
+  reset_gemm_choices();
   fs::remove_all(root);
 }
 

@@ -26,7 +26,8 @@ size_t tensor_bytes(const NamedTensors& ts) {
 // The save itself (Note [Checkpoint layout]), without the clean-up on failure.
 std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
                              const NamedTensors& model, const NamedTensors& optim,
-                             const std::string& config_toml, int64_t keep);
+                             const std::string& config_toml, int64_t keep,
+                             const std::string& gemm_choices);
 
 }  // namespace
 
@@ -35,11 +36,12 @@ std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
 // free; `latest` and the earlier checkpoints are only touched after the new one is complete.
 std::string save_checkpoint(const std::string& run_dir, const TrainState& s,
                             const NamedTensors& model, const NamedTensors& optim,
-                            const std::string& config_toml, int64_t keep) {
+                            const std::string& config_toml, int64_t keep,
+                            const std::string& gemm_choices) {
   const std::string name = "ckpt-" + std::to_string(s.iter);
   const fs::path tmp = fs::path(run_dir) / (name + ".tmp");
   try {
-    return write_checkpoint(run_dir, s, model, optim, config_toml, keep);
+    return write_checkpoint(run_dir, s, model, optim, config_toml, keep, gemm_choices);
   } catch (const std::exception& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -56,7 +58,8 @@ std::string save_checkpoint(const std::string& run_dir, const TrainState& s,
 namespace {
 std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
                              const NamedTensors& model, const NamedTensors& optim,
-                             const std::string& config_toml, int64_t keep) {
+                             const std::string& config_toml, int64_t keep,
+                             const std::string& gemm_choices) {
   const std::string name = "ckpt-" + std::to_string(s.iter);
   const fs::path final_dir = fs::path(run_dir) / name;
   const fs::path tmp = fs::path(run_dir) / (name + ".tmp");
@@ -65,6 +68,7 @@ std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
   save_safetensors((tmp / "model.safetensors").string(), model, {{"format", "pt"}});
   save_safetensors((tmp / "optim.safetensors").string(), optim, {{"format", "pt"}});
   write_file_synced((tmp / "config.toml").string(), config_toml);
+  if (!gemm_choices.empty()) write_file_synced((tmp / "gemm_choices.txt").string(), gemm_choices);
   auto file_crc = [&](const char* f) {
     const std::string b = read_bytes((tmp / f).string());
     return std::make_pair(hex32(crc32(b.data(), b.size())), b.size());
@@ -100,6 +104,11 @@ std::string write_checkpoint(const std::string& run_dir, const TrainState& s,
   return final_dir.string();
 }
 }  // namespace
+
+std::string read_gemm_choices(const std::string& ckpt_dir) {
+  const fs::path f = fs::path(ckpt_dir) / "gemm_choices.txt";
+  return fs::exists(f) ? read_bytes(f.string()) : std::string();
+}
 
 int64_t checkpoint_iter(const std::string& dir) {
   const std::string n = fs::path(dir).filename().string();

@@ -8,6 +8,8 @@
 //                       safetensors.torch.load_file reads it)
 //   optim.safetensors   AdamW's exp_avg / exp_avg_sq (and fp32 masters of 16-bit params)
 //   config.toml         the resolved config of the run
+//   gemm_choices.txt    the run's tuned GEMM algorithms (Note [GEMM choices]; GPU runs with
+//                       autotuning on; absent otherwise and in checkpoints before session 18)
 //   state.toml          format version, iteration, RNG (seed, offset), data cursor,
 //                       optimizer counters, loss scale, best val loss, vocabulary, and the
 //                       CRC-32 and size of both safetensors files
@@ -47,9 +49,13 @@ struct TrainState {
 // Saves a checkpoint for state.iter (Note [Checkpoint layout]) and then prunes all but the
 // newest `keep`. Returns the checkpoint directory. A failed save removes its temp directory
 // and throws, naming the bytes needed and free; `latest` and earlier checkpoints stay.
+// `gemm_choices` (Note [GEMM choices]) is written as gemm_choices.txt when not empty.
 std::string save_checkpoint(const std::string& run_dir, const TrainState& state,
                             const NamedTensors& model, const NamedTensors& optim,
-                            const std::string& config_toml, int64_t keep);
+                            const std::string& config_toml, int64_t keep,
+                            const std::string& gemm_choices = {});
+// A checkpoint's gemm_choices.txt, or "" when it has none.
+std::string read_gemm_choices(const std::string& ckpt_dir);
 
 // The iteration a ckpt-<iter> directory's name says, or -1 for any other name (*.tmp too).
 int64_t checkpoint_iter(const std::string& dir);

@@ -366,7 +366,8 @@ const std::map<std::string, std::string>& key_docs() {
        "\"auto\" (bf16 on GPUs, fp32 on the CPU), \"fp32\", \"bf16\" or \"fp16\""},
       {"runtime.nproc", "data-parallel processes, one GPU each (same as --nproc)"},
       {"runtime.gemm_autotune",
-       "time cuBLASLt candidates per shape (faster; resume not bit-exact)"},
+       "time cuBLASLt candidates per shape; the choices go into checkpoints, so resume stays "
+       "bit-exact"},
       {"runtime.gemm_epilogues",
        "GPU 16-bit runs: fc1's activation (and its bias gradient) inside the GEMMs"},
       {"runtime.fp32_residual", "16-bit runs: keep the residual stream in fp32"},

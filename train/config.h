@@ -56,7 +56,7 @@ struct RuntimeSection {
   DeviceRequest device;                     // "auto" | "cpu" | "cuda" | "cuda:N"
   Precision precision = Precision::automatic;  // kPrecisionNames
   int64_t nproc = 1;
-  bool gemm_autotune = false;  // time cuBLASLt candidates (faster; resume no longer bit-exact)
+  bool gemm_autotune = true;  // time cuBLASLt candidates, kept in checkpoints (Note [GEMM choices])
   bool gemm_epilogues = true;  // elementwise work in GEMM epilogues (Note [Activation epilogues])
   bool fp32_residual = true;   // bf16/fp16 runs: residual stream in fp32 (as PyTorch autocast)
   bool fused_attention = true;  // GPU bf16/fp16: flash-style attention kernels where they apply

@@ -14,12 +14,13 @@
 #include <unordered_map>
 
 #include "core/generator.h"
+#include "kernels/gemm.h"
 #include "layers/transformer.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
+#include "train/data.h"
 #include "train/dist/comm.h"
 #include "train/dist/comm_profile.h"
-#include "train/data.h"
 #include "train/dist/ddp.h"
 #include "train/dist/dist.h"
 #include "train/dist/zero.h"
@@ -105,9 +106,10 @@ std::string Trainer::checkpoint(int64_t done) {
   t.best_val = s.best_val;
   t.world = s.world;
   t.vocab = s.data.chars;
-  s.last_checkpoint = save_checkpoint(
-      s.run_dir, t, s.model->stored_view(values_of(s.params)), s.model->stored_view(optim),
-      s.cfg.to_toml(resolved_values()), s.cfg.run.keep_checkpoints);
+  s.last_checkpoint =
+      save_checkpoint(s.run_dir, t, s.model->stored_view(values_of(s.params)),
+                      s.model->stored_view(optim), s.cfg.to_toml(resolved_values()),
+                      s.cfg.run.keep_checkpoints, s.dev.is_cuda() ? gemm_choices() : std::string());
   return s.last_checkpoint;
 }
 
@@ -179,6 +181,14 @@ void Trainer::step(int64_t it) {
   // (the batch upload waits for the compute stream) can block on a lost peer.
   if (s.comm) s.comm->sync_through(s.comm_mark);
   if (s.comm) s.comm->set_step(it + 1);
+  // Note [GEMM choices]: every rank timed its own GEMM candidates in the first step; from
+  // the second on all use rank 0's, the choices its checkpoints hold, so a resumed run
+  // computes on every rank what this one did.
+  if (it == s.start_iter + 1 && s.comm && s.dev.is_cuda() && gemm_autotune()) {
+    const std::string text =
+        broadcast_text(*s.comm, s.lead ? gemm_choices() : std::string(), 0, s.dev, "GEMM choices");
+    if (!s.lead && !text.empty()) restore_gemm_choices(text, "rank 0's GEMM choices", true);
+  }
   if (s.profiling) s.comm->profile_point("step");
   // Note [Gradient accumulation]: micro-batch j of the step is shard j·world + rank of one
   // global batch of batch_size · A sequences drawn at the step's cursor, so A micro-batches

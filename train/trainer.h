@@ -83,6 +83,7 @@ class Trainer {
   void connect();
   void build();
   void restore();
+  void restore_gemm_choices_from(const std::string& ckpt_dir);
   void announce() const;
   void step(int64_t it);
   void finish_step(int64_t done, double lr);

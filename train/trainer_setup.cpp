@@ -140,8 +140,8 @@ void Trainer::place() {
     s.dev = resolve_device({Device::cuda(s.denv.local_rank)}, "LOCAL_RANK");
   }
   s.dt = compute_dtype(s.cfg.runtime.precision, s.dev);
-  // Timed GEMM autotuning may pick different algorithms in another process, which would
-  // break bit-exact resume; it is opt-in for training runs.
+  // Timed GEMM autotuning would pick its algorithms anew in a resumed process; the choices
+  // travel in the checkpoints instead (Note [GEMM choices], restore() below).
   set_gemm_autotune(s.cfg.runtime.gemm_autotune);
   set_gemm_epilogues(s.cfg.runtime.gemm_epilogues);
 }
@@ -305,6 +305,7 @@ void Trainer::restore() {
     s.best_val = st.best_val;
     if (s.lead)
       s.branch = set_aside_newer_checkpoints(s.run_dir, st.iter, fs::path(s.resume_dir).filename());
+    restore_gemm_choices_from(s.resume_dir);
   }
   if (s.resume_dir.empty() && !s.opt.init_from.empty()) init_weights();
   if (s.lead) std::ofstream(fs::path(s.run_dir) / "config.toml") << s.cfg.to_toml(resolved_values());
@@ -312,6 +313,31 @@ void Trainer::restore() {
                                          s.resume_dir.empty() ? -1 : s.start_iter);
   s.end_iter = s.opt.stop_after > 0 ? std::min(s.cfg.train.iters, s.start_iter + s.opt.stop_after)
                                     : s.cfg.train.iters;
+}
+
+// Note [GEMM choices]: the checkpoint's tuned GEMM algorithms, so the resumed steps compute
+// what the uninterrupted run computed. Every rank reads the same file (rank 0's choices,
+// which every rank took after the first step, Trainer::step).
+void Trainer::restore_gemm_choices_from(const std::string& ckpt_dir) {
+  State& s = *s_;
+  if (!s.dev.is_cuda() || !gemm_autotune()) return;
+  const std::string file = (fs::path(ckpt_dir) / "gemm_choices.txt").string();
+  const std::string text = read_gemm_choices(ckpt_dir);
+  std::string line;
+  if (text.empty()) {
+    line = "[resume] " + file +
+           " does not exist (a checkpoint from before session 18, or a "
+           "run with runtime.gemm_autotune = false): the GEMMs are tuned anew, so the resumed "
+           "steps may differ from an uninterrupted run in the last bits";
+  } else {
+    const RestoredGemmChoices r = restore_gemm_choices(text, file, /*replace=*/true);
+    line = r.skipped.empty()
+               ? "[resume] " + std::to_string(r.count) + " tuned GEMM algorithm(s) from " + file
+               : "[resume] " + file + " was " + r.skipped +
+                     ": the GEMMs are tuned anew, so the resumed steps may differ from an "
+                     "uninterrupted run in the last bits";
+  }
+  if (s.lead) std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void Trainer::announce() const {

@@ -9,7 +9,8 @@
 // heuristic's top candidates on a scratch output and keeps the fastest (the first
 // candidate alone was up to 24% slower than PyTorch's choice on geglu_d1024's
 // GEMMs, H100); FFN_GEMM_TUNE=0 turns that off. The choice is fixed for the rest of
-// the process, so repeated steps stay bitwise identical. fp32 runs in true fp32
+// the process, so repeated steps stay bitwise identical, and can be carried to another
+// process (Note [GEMM choices]: a resumed run). fp32 runs in true fp32
 // (no TF32); bf16/f16 use fp32 accumulation; f64 runs in f64. A cached plan's bias
 // pointer is set per call, so GEMMs on one device are issued from one thread (the
 // owner of its compute stream, Note [One compute stream]).
@@ -17,10 +18,13 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -50,6 +54,21 @@ struct Key {
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
+// A product as Note [GEMM choices] names it: Key without the device and the tuning switch.
+struct Shape {
+  int64_t batch, m, n, k;
+  bool ta, tb;
+  int epi;
+  DType dtype, in;
+  int align;
+  auto tie() const { return std::tie(batch, m, n, k, ta, tb, epi, dtype, in, align); }
+  bool operator<(const Shape& o) const { return tie() < o.tie(); }
+};
+
+Shape shape_of(const Key& k) {
+  return {k.batch, k.m, k.n, k.k, k.ta, k.tb, k.epi, k.dtype, k.in, k.align};
+}
+
 // The pointers of one call. `vec` is the bias (BIAS, GELU_AUX_BIAS) or the bias
 // gradient (DGELU_BGRAD, BGRADB); `aux` the GELU epilogues' [m, n] buffer.
 struct Call {
@@ -73,14 +92,21 @@ cublasLtEpilogue_t epilogue_of(const GemmArgs& args) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 
+// How a plan's algorithm was chosen: the heuristic's first candidate, the fastest of its
+// candidates timed here, or a choice restored from another process (Note [GEMM choices]).
+enum class Chosen : uint8_t { heuristic, timed, restored };
+
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  Chosen chosen = Chosen::heuristic;
 };
 
 std::mutex g_mu;
 std::map<Key, Plan> g_plans;
+std::map<Shape, cublasLtMatmulAlgo_t> g_restored;  // Note [GEMM choices]
+GemmChoiceStats g_stats;
 
 int alignment_of(std::initializer_list<const void*> ptrs) {
   int al = 16;
@@ -209,6 +235,21 @@ Plan make_plan(const Key& key, const Call& call) {
   p.algo = results[0].algo;
   const double volume = static_cast<double>(key.batch) * key.m * key.n * key.k;
   if (found > 1 && volume >= 1073741824.0 && key.tuned) {
+    // A choice restored from another process (Note [GEMM choices]) replaces the timing if
+    // cuBLASLt still accepts it for this product.
+    const auto r = g_restored.find(shape_of(key));
+    if (r != g_restored.end()) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(cublaslt(key.device), p.op, p.a, p.b, p.c, p.c, &r->second,
+                                  &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= ws) {
+        p.algo = r->second;
+        p.chosen = Chosen::restored;
+        ++g_stats.restored;
+        return p;
+      }
+      ++g_stats.rejected;
+    }
     set_pointers(p, call);  // epilogue outputs are rewritten by the real call
     const Tensor scratch =
         Tensor::empty({key.batch, key.m, key.n}, key.dtype, Device::cuda(key.device));
@@ -218,6 +259,8 @@ Plan make_plan(const Key& key, const Call& call) {
       if (t < best) best = t, p.algo = results[i].algo;
     }
     cudaGetLastError();  // a candidate that failed to launch left no error behind
+    p.chosen = Chosen::timed;
+    ++g_stats.timed;
   }
   return p;
 }
@@ -290,6 +333,140 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
 
 void gemm_batched(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   gemm_impl(a, b, c, args, c.size(0));
+}
+
+// Note [GEMM choices]: the header line that must match for choices to carry over.
+namespace {
+constexpr const char* kChoicesMagic = "# fused-ffn GEMM choices 1";
+
+std::string choices_context() {
+  int dev = 0;
+  FFN_CHECK_CUDA(cudaGetDevice(&dev));
+  const cudaDeviceProp& prop = properties(dev);
+  return "cublaslt " + std::to_string(cublasLtGetVersion()) + " sm_" +
+         std::to_string(prop.major * 10 + prop.minor);
+}
+}  // namespace
+
+std::string gemm_choices() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  std::map<Shape, cublasLtMatmulAlgo_t> chosen;  // one line per product, whatever the device
+  for (const auto& [key, plan] : g_plans)
+    if (plan.chosen != Chosen::heuristic) chosen.emplace(shape_of(key), plan.algo);
+  if (chosen.empty()) return {};
+  std::ostringstream out;
+  out << kChoicesMagic << " (kernels/gemm.h)\n" << choices_context() << "\n";
+  for (const auto& [sh, algo] : chosen) {
+    out << "gemm " << sh.batch << ' ' << sh.m << ' ' << sh.n << ' ' << sh.k << ' ' << sh.ta << ' '
+        << sh.tb << ' ' << sh.epi << ' ' << dtype_name(sh.dtype) << ' ' << dtype_name(sh.in) << ' '
+        << sh.align;
+    static_assert(sizeof(algo.data) == 8 * sizeof(uint64_t));
+    for (uint64_t w : algo.data) {
+      char hex[20];
+      std::snprintf(hex, sizeof(hex), " %016" PRIx64, w);
+      out << hex;
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+RestoredGemmChoices restore_gemm_choices(const std::string& text, const std::string& source,
+                                         bool replace) {
+  RestoredGemmChoices res;
+  std::istringstream in(text);
+  std::string line;
+  int no = 0;
+  auto bad = [&](const std::string& why) {
+    FFN_THROW("[gemm] ", source, " line ", no, ": ", why, " (got '", line.substr(0, 80), "')");
+  };
+  std::map<Shape, cublasLtMatmulAlgo_t> parsed;
+  while (std::getline(in, line)) {
+    ++no;
+    if (no == 1) {
+      if (line.rfind(kChoicesMagic, 0) != 0) bad("not a GEMM choices file");
+      continue;
+    }
+    if (no == 2) {
+      const std::string here = choices_context();
+      if (line != here) {  // another cuBLASLt or GPU: its algorithms may not exist here
+        res.skipped = "written with " + line + ", this process has " + here;
+        return res;
+      }
+      continue;
+    }
+    if (line.empty()) continue;
+    std::istringstream f(line);
+    std::string tag, dt, din;
+    Shape sh{};
+    int ta = -1, tb = -1;
+    if (!(f >> tag >> sh.batch >> sh.m >> sh.n >> sh.k >> ta >> tb >> sh.epi >> dt >> din >>
+          sh.align) ||
+        tag != "gemm" || (ta != 0 && ta != 1) || (tb != 0 && tb != 1) || sh.batch < 1 || sh.m < 1 ||
+        sh.n < 1 || sh.k < 1)
+      bad("expected 'gemm batch m n k ta tb epilogue dtype in align' and 8 hex words");
+    sh.ta = ta == 1;
+    sh.tb = tb == 1;
+    try {
+      sh.dtype = parse_dtype(dt);
+      sh.in = parse_dtype(din);
+    } catch (const Error& e) {
+      bad(e.what());
+    }
+    cublasLtMatmulAlgo_t algo{};
+    for (uint64_t& w : algo.data) {
+      std::string h;
+      if (!(f >> h) || h.size() != 16 || h.find_first_not_of("0123456789abcdef") != h.npos)
+        bad("the algorithm is 8 words of 16 hex digits");
+      w = std::strtoull(h.c_str(), nullptr, 16);
+    }
+    std::string extra;
+    if (f >> extra) bad("trailing text");
+    parsed[sh] = algo;
+  }
+  if (no < 2) {
+    line.clear();
+    bad("the file ends before its header");
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (const auto& [sh, algo] : parsed) g_restored[sh] = algo;
+  res.count = static_cast<int64_t>(parsed.size());
+  if (replace) {  // plans made before the restore take the restored algorithm too
+    for (auto& [key, plan] : g_plans) {
+      if (!key.tuned || plan.chosen == Chosen::heuristic) continue;
+      const auto r = parsed.find(shape_of(key));
+      if (r == parsed.end()) continue;
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(cublaslt(key.device), plan.op, plan.a, plan.b, plan.c, plan.c,
+                                  &r->second, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= workspace_bytes()) {
+        plan.algo = r->second;
+        plan.chosen = Chosen::restored;
+        ++g_stats.restored;
+      } else {
+        ++g_stats.rejected;
+      }
+    }
+  }
+  return res;
+}
+
+GemmChoiceStats gemm_choice_stats() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_stats;
+}
+
+void reset_gemm_choices() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (auto& [key, plan] : g_plans) {
+    cublasLtMatrixLayoutDestroy(plan.a);
+    cublasLtMatrixLayoutDestroy(plan.b);
+    cublasLtMatrixLayoutDestroy(plan.c);
+    cublasLtMatmulDescDestroy(plan.op);
+  }
+  g_plans.clear();
+  g_restored.clear();
+  g_stats = {};
 }
 
 }  // namespace ffn::cuda

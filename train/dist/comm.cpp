@@ -124,6 +124,26 @@ std::vector<std::unique_ptr<Comm>> make_thread_group(int world) {
   return out;
 }
 
+std::string broadcast_text(Comm& comm, const std::string& text, int root, Device dev,
+                           const std::string& what) {
+  const bool src = comm.rank() == root;
+  Tensor len = Tensor::full({1}, src ? static_cast<double>(text.size()) : 0.0, DType::i32, dev);
+  comm.broadcast(len, root, what + " (length)");
+  comm.sync();
+  const auto n = static_cast<int64_t>(len.to_vector()[0]);
+  if (n == 0) return {};
+  std::vector<double> v(src ? static_cast<size_t>(n) : 0);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<unsigned char>(text[i]);
+  Tensor bytes =
+      src ? Tensor::from_vector(v, {n}, DType::i32, dev) : Tensor::zeros({n}, DType::i32, dev);
+  comm.broadcast(bytes, root, what);
+  comm.sync();
+  const std::vector<double> got = bytes.to_vector();
+  std::string out(static_cast<size_t>(n), '\0');
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<char>(static_cast<int>(got[i]));
+  return out;
+}
+
 std::vector<int64_t> recorded_sizes(const Comm& c) {
   const auto* t = dynamic_cast<const ThreadComm*>(&c);
   return t ? t->sizes() : std::vector<int64_t>{};

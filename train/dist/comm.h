@@ -88,6 +88,11 @@ class Comm {
   int64_t step_ = 0;
 };
 
+// Rank `root`'s `text` on every rank (the others' `text` is ignored): its length, then its
+// bytes, broadcast as i32 tensors on `dev`; blocks (polling) until both have arrived.
+std::string broadcast_text(Comm& comm, const std::string& text, int root, Device dev,
+                           const std::string& what);
+
 // An in-process group of `world` ranks for tests: each rank is a thread holding its own
 // Comm from make_thread_group(); collectives are synchronous and reduce on the CPU in rank
 // order (deterministic). Records the sizes of all_reduce calls per rank.
