@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "kernels/bias_act_dropout.h"  // bias_grad
 #include "kernels/checks.h"
 #include "kernels/dropout_add.h"
 
@@ -95,6 +96,7 @@ void check_branch(const BranchGrad* branch, const Tensor* dx, const Tensor& w, c
   FFN_CHECK(dx && branch->dh, "[", op, "] the branch gradient needs dx and dh");
   detail::check_like(*branch->dh, w, dx->shape(), op, "dh");
   FFN_CHECK(branch->dh->is_contiguous(), "[", op, "] dh must be contiguous");
+  if (branch->dh_sum) detail::check_like(*branch->dh_sum, w, w.shape(), op, "dh_sum");
   detail::check_dropout(branch->d, op);
 }
 }  // namespace
@@ -126,12 +128,13 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
   check_branch(branch, dx, w, "layer_norm_backward");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
-    return cuda::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx,
-                                     branch ? branch->dh : nullptr,
-                                     branch ? branch->d : DropoutSpec{});
+    return cuda::layer_norm_backward(
+        dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx, branch ? branch->dh : nullptr,
+        branch ? branch->d : DropoutSpec{}, branch ? branch->dh_sum : nullptr);
   }
   cpu::layer_norm_backward(dyc, xc, w, mean, rstd, dx, dw, db, accumulate_dx);
   if (branch) cpu::dropout_add_backward(*dx, branch->d, *branch->dh);
+  if (branch && branch->dh_sum) bias_grad(*branch->dh, *branch->dh_sum);
 }
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
@@ -140,12 +143,13 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const
   check_branch(branch, dx, w, "rms_norm_backward");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
-    return cuda::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx,
-                                     branch ? branch->dh : nullptr,
-                                     branch ? branch->d : DropoutSpec{});
+    return cuda::layer_norm_backward(
+        dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx, branch ? branch->dh : nullptr,
+        branch ? branch->d : DropoutSpec{}, branch ? branch->dh_sum : nullptr);
   }
   cpu::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx);
   if (branch) cpu::dropout_add_backward(*dx, branch->d, *branch->dh);
+  if (branch && branch->dh_sum) bias_grad(*branch->dh, *branch->dh_sum);
 }
 
 }  // namespace ffn

@@ -29,8 +29,14 @@
 //                   back);
 //   BranchGrad:     the norm's backward, which finishes a's gradient dx (it accumulates last,
 //                   Note [Accumulating backward]), also writes dh = dropout_add_backward(dx),
-//                   the branch's gradient, so the add's backward needs no pass of its own.
-// Results equal the separate ops' bit for bit (same arithmetic, same mask bits).
+//                   the branch's gradient, so the add's backward needs no pass of its own;
+//                   and, asked for dh_sum, the column sums of dh: the bias gradient of the
+//                   Linear (attention's projection) or FFN (fc2) that made h, so that
+//                   gradient needs no column-sum pass over dh either (layers/functional.cpp,
+//                   Note [Branch bias gradient]).
+// Results equal the separate ops' bit for bit (same arithmetic, same mask bits), except
+// dh_sum, which the CUDA kernel sums over its blocks of 64 rows and then over the blocks in
+// order: deterministic and independent of the launch, but not bias_grad's order.
 #pragma once
 
 #include "core/philox.h"
@@ -40,8 +46,9 @@ namespace ffn {
 
 // The gradient of the branch h added into the norm's input (Note [Residual add and norm]).
 struct BranchGrad {
-  Tensor* dh = nullptr;  // [M, C] in w's dtype, written (=)
-  DropoutSpec d;         // the add's dropout
+  Tensor* dh = nullptr;      // [M, C] in w's dtype, written (=)
+  DropoutSpec d;             // the add's dropout
+  Tensor* dh_sum = nullptr;  // optional [C] in w's dtype: Σ over rows of dh, written (=)
 };
 
 // a = x + dropout(h), then the norm of a (mean undefined: RMSNorm, and b undefined too):
@@ -78,7 +85,8 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
                 Tensor* a = nullptr);
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
-                         Tensor* dh = nullptr, const DropoutSpec& dh_d = {});
+                         Tensor* dh = nullptr, const DropoutSpec& dh_d = {},
+                         Tensor* dh_sum = nullptr);
 }  // namespace cuda
 
 }  // namespace ffn

@@ -104,7 +104,8 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
 }
 
 FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved,
-                      const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d, bool need_dx) {
+                      const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d, bool need_dx,
+                      const Tensor& db2) {
   // x, p, cfg and d are the forward's, validated there (ffn_check once per step); dy and
   // the saved z are what enters here.
   const Tensor& z_saved = saved.z;
@@ -126,6 +127,9 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
     if (d.out.active()) {
       dz2 = Tensor::empty(y_shape, x.dtype(), x.device());
       bias_dropout_backward(dy, d.out, &dz2, p.b2.defined() ? &g.db2 : nullptr);
+    } else if (p.b2.defined() && db2.defined()) {
+      check_shape(db2, {y_shape[1]}, "ffn_backward", "db2");
+      g.db2 = db2;
     } else if (p.b2.defined()) {
       bias_grad(dy, g.db2);
     }

@@ -59,9 +59,12 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
 
 // `saved` is ffn_forward's result (its z may be undefined with recompute); its y is not
 // used. x, p, cfg and d must be the ones ffn_forward was given and checked (they are not
-// checked again); dy and the saved z are. need_dx = false skips dx.
+// checked again); dy and the saved z are. need_dx = false skips dx. db2, when defined, is
+// the column sum of dy that the pass writing dy already took (Note [Branch bias gradient] in
+// layers/functional.cpp); it becomes the gradient of b2 (with d.out inactive) instead of a
+// column-sum pass.
 FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved,
                       const FfnParams& p, const FfnConfig& cfg, const FfnDropout& d,
-                      bool need_dx = true);
+                      bool need_dx = true, const Tensor& db2 = {});
 
 }  // namespace ffn

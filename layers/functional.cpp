@@ -26,7 +26,45 @@ Tensor as_2d(const Tensor& t) {
   return t.dim() == 0 ? t.reshape({1, 1}) : t.view_2d();
 }
 
-class LinearNode final : public Node {
+// Note [Branch bias gradient]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In a pre-norm block the outputs of attention's projection and of the FFN's fc2 are the
+// branches h of residual adds a = x + dropout(h), and the norm that reads a writes h's
+// gradient dh in its backward (Note [Residual add and norm]). Those layers' bias gradient is
+// the column sum of that dh, which the norm's backward then sums in the same pass
+// (BranchGrad::dh_sum) instead of a column-sum pass over dh of its own (0.43 ms of
+// gpt2_small's step, 24 of its 36 passes, session 17's profile). The norm's node asks the
+// node that made h (a BranchBiasGrad) whether it wants the sum, and hands it over with the
+// address of the dh it was taken from; that node uses it only for exactly that d_out (else
+// it sums as before).
+class BranchBiasGrad {
+ public:
+  virtual ~BranchBiasGrad() = default;
+  // Whether backward will need the column sums of its d_out as its bias gradient.
+  virtual bool wants_bias_grad_of_output() const = 0;
+  void set_bias_grad_of_output(Tensor db, const void* src) {
+    given_db_ = std::move(db);
+    given_src_ = src;
+  }
+
+ protected:
+  // The given sum if `dy` is the gradient it was taken from, else undefined; forgets it.
+  Tensor take_given_db(const Tensor& dy) {
+    Tensor db = given_src_ && dy.data_ptr() == given_src_ ? given_db_ : Tensor();
+    forget_given_db();
+    return db;
+  }
+  void forget_given_db() {
+    given_db_ = Tensor();
+    given_src_ = nullptr;
+  }
+
+ private:
+  Tensor given_db_;
+  const void* given_src_ = nullptr;
+};
+
+class LinearNode final : public Node, public BranchBiasGrad {
  public:
   const char* name() const override { return "linear"; }
   std::vector<Tensor> backward(Tensor d_out) override {
@@ -37,14 +75,20 @@ class LinearNode final : public Node {
     if (inputs[0].requires_grad()) g[0] = matmul(dy, w).reshape(x.shape());
     // The bias gradient as a column-sum pass of its own beside the weight gradient: on an
     // H100 that pass plus the bare GEMM beat cuBLASLt's BGRADB epilogue (a kernel of its own
-    // too) at GPT-2's qkv, proj and fc2 shapes (bench/RESULTS.md, session 14).
+    // too) at GPT-2's qkv, proj and fc2 shapes (bench/RESULTS.md, session 14); or summed by
+    // the norm's backward that wrote dy (Note [Branch bias gradient]).
     const bool with_dw = inputs[1].requires_grad(), with_db = inputs[2].requires_grad();
-    if (with_db) g[2] = Tensor::empty({w.size(0)}, dy.dtype(), dy.device());
+    const Tensor given = take_given_db(dy);
+    if (with_db)
+      g[2] = given.defined() ? given : Tensor::empty({w.size(0)}, dy.dtype(), dy.device());
     if (with_dw) g[1] = matmul(dy, x2, {.trans_a = true});
-    if (with_db) bias_grad(dy, g[2]);
+    if (with_db && !given.defined()) bias_grad(dy, g[2]);
     return g;
   }
-  void release() override {}
+  void release() override { forget_given_db(); }
+  bool wants_bias_grad_of_output() const override {
+    return inputs[2].defined() && inputs[2].requires_grad();
+  }
 };
 
 class DropoutNode final : public Node {
@@ -138,7 +182,7 @@ class MseNode final : public Node {
 };
 
 // Inputs: x, w1, b1, w2, b2 (absent ones are undefined Vars). Saves z (Note [FFN saved state]).
-class FfnNode final : public Node {
+class FfnNode final : public Node, public BranchBiasGrad {
  public:
   FfnNode(const FfnConfig& cfg, const FfnDropout& d, FfnForward saved)
       : cfg_(cfg), d_(d), saved_(std::move(saved)) {
@@ -148,11 +192,21 @@ class FfnNode final : public Node {
   std::vector<Tensor> backward(Tensor d_out) override {
     const Tensor& x = inputs[0].value();
     const FfnParams p = params();
-    const FfnGrads g =
-        ffn_backward(d_out.view_2d(), x.view_2d(), saved_, p, cfg_, d_, inputs[0].requires_grad());
+    const Tensor dy = d_out.view_2d();
+    const FfnGrads g = ffn_backward(dy, x.view_2d(), saved_, p, cfg_, d_, inputs[0].requires_grad(),
+                                    take_given_db(dy));
     return {g.dx.defined() ? g.dx.reshape(x.shape()) : Tensor(), g.dw1, g.db1, g.dw2, g.db2};
   }
-  void release() override { saved_.z = Tensor(); }
+  void release() override {
+    saved_.z = Tensor();
+    forget_given_db();
+  }
+  // fc2's bias gradient is the column sum of dy when fc2's own output dropout is off (with it
+  // on, db2 sums the dropout's output in its pass).
+  bool wants_bias_grad_of_output() const override {
+    return inputs[3].defined() && inputs[4].defined() && inputs[4].requires_grad() &&
+           !d_.out.active();
+  }
   size_t saved_bytes() const override { return saved_.z.defined() ? saved_.z.nbytes() : 0; }
 
  private:
@@ -220,6 +274,14 @@ class LayerNormNode final : public Node {
     }
     Tensor dh2 = dh.defined() ? dh.view_2d() : Tensor();
     branch.dh = &dh2;
+    // Note [Branch bias gradient]: the bias gradient of the layer that made h, in this pass.
+    auto* maker =
+        dh.defined() ? dynamic_cast<BranchBiasGrad*>(add->inputs[1].grad_fn().get()) : nullptr;
+    Tensor dh_sum;
+    if (maker && maker->wants_bias_grad_of_output() && dh.dim() >= 1 && dh.size(-1) == w.numel()) {
+      dh_sum = Tensor::empty(w.shape(), w.dtype(), w.device());
+      branch.dh_sum = &dh_sum;
+    }
     const BranchGrad* br = dh.defined() ? &branch : nullptr;
     if (rms_)
       rms_norm_backward(d_out.view_2d(), x2, w, rstd_, dx.defined() ? &dx : nullptr,
@@ -228,6 +290,7 @@ class LayerNormNode final : public Node {
       layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
                           dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum, br);
     if (br) add->set_branch_grad(dh, sum->data_ptr());
+    if (dh_sum.defined()) maker->set_bias_grad_of_output(dh_sum, dh.data_ptr());
     if (dx.defined() && !into_sum) g[0] = dx.reshape(x.shape());
     g[1] = dw;
     g[2] = db;

@@ -10,6 +10,7 @@
 // function of M and C only). Other shapes: dx per row, then the rowwise framework's column
 // sums over dy ⊙ x̂ and dy. RMSNorm (kernels/layer_norm.h) runs the same kernels with a null
 // mean: no centering, no mean term in dx.
+#include "kernels/bias_act_dropout.h"  // bias_grad
 #include "kernels/cuda/rowwise.cuh"
 #include "kernels/dropout_add.h"
 #include "kernels/layer_norm.h"
@@ -149,15 +150,19 @@ constexpr int kBwdMaxCols = 1024;  // its column bound (registers: K = C/256 vec
 
 // The fused backward over rows [64·block, 64·block + 64): dx (+= when accumulate; dx may be
 // null) and, when partials is set, partials[block][0, C) = Σ dy ⊙ x̂, partials[block][C, 2C) = Σ dy;
-// with dh, also dh = dropout_add_backward(dx) of the final dx (Note [Residual add and norm]).
+// with dh, also dh = dropout_add_backward(dx) of the final dx (Note [Residual add and norm]),
+// and with kDhSum partials[block][2C, 3C) = Σ dh, the rounded values (the rows of a block are
+// always the same 64, so the sums do not depend on the launch).
 // Lane l handles the 8-column vectors l, l+32, … (K of them at most).
-template <class X, class T, class S, int K>
+template <class X, class T, class S, int K, bool kDhSum>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
                        bool accumulate, float* partials, int64_t m, int c, T* dh, DeviceMask mask) {
-  __shared__ float red[2][kBwdMaxCols];
+  constexpr int kSets = kDhSum ? 3 : 2;
+  __shared__ float red[kSets][kBwdMaxCols];
   const int warp = threadIdx.y, lane = threadIdx.x, nv = c / 8;
   float wv[K][8], aw[K][8] = {}, ab[K][8] = {};
+  float ah[kDhSum ? K : 1][8] = {};
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < nv) load_vec<8>(w + 8 * (lane + 32 * k), wv[k]);
@@ -212,6 +217,9 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
           for (int j = 0; j < 8; ++j) g[j] = mul_rn(to_acc(from_acc<X>(o[j])), f[j]);
           store_vec<8>(dh + i0, g);
+          if constexpr (kDhSum)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ah[k][j] += to_acc(from_acc<T>(g[j]));
         }
       }
   }
@@ -226,13 +234,15 @@ __global__ void __launch_bounds__(32 * kWarps)
             const int col = 8 * (lane + 32 * k) + j;
             red[0][col] = (wi ? red[0][col] : 0.0f) + aw[k][j];
             red[1][col] = (wi ? red[1][col] : 0.0f) + ab[k][j];
+            if constexpr (kDhSum) red[2][col] = (wi ? red[2][col] : 0.0f) + ah[k][j];
           }
     __syncthreads();
   }
-  float* part = partials + int64_t{blockIdx.x} * 2 * c;
+  float* part = partials + int64_t{blockIdx.x} * kSets * c;
   for (int col = warp * 32 + lane; col < c; col += 32 * kWarps) {
     part[col] = red[0][col];
     part[c + col] = red[1][col];
+    if constexpr (kDhSum) part[2 * c + col] = red[2][col];
   }
 }
 
@@ -333,7 +343,7 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
-                         Tensor* dh, const DropoutSpec& dh_d) {
+                         Tensor* dh, const DropoutSpec& dh_d, Tensor* dh_sum) {
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   const int64_t m = x.size(0), c = x.size(1);
@@ -347,24 +357,35 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
     if (fused) {
       if constexpr (sizeof(T) == 2) {
         const int64_t blocks = (m + kBwdRows - 1) / kBwdRows;
+        // dh's column sums ride along up to C = 768 (K = 3: 24 more registers, 205 of 255
+        // for fp32 x); above, the accumulators would spill, and a column-sum pass follows.
+        const bool sum_dh = dh && dh_sum && c <= 768;
+        const int sets = sum_dh ? 3 : 2;
         Tensor partials;
-        if (sums) partials = Tensor::empty({blocks * 2 * c}, DType::f32, x.device());
+        if (sums || sum_dh) partials = Tensor::empty({blocks * sets * c}, DType::f32, x.device());
         with_row_vectors(c, [&]<int K>() {
-          ln_backward_kernel<X, T, S, K>
-              <<<static_cast<unsigned>(blocks), dim3(32, kWarps), 0, stream(dev)>>>(
-                  dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd),
-                  dptr<X>(dx), accumulate_dx, sums ? partials.data<float>() : nullptr, m,
-                  static_cast<int>(c), dh ? dptr<T>(*dh) : nullptr, DeviceMask::from(dh_d));
+          auto launch = [&](auto kernel) {
+            kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), 0, stream(dev)>>>(
+                dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd),
+                dptr<X>(dx), accumulate_dx, partials.defined() ? partials.data<float>() : nullptr,
+                m, static_cast<int>(c), dh ? dptr<T>(*dh) : nullptr, DeviceMask::from(dh_d));
+          };
+          if constexpr (K <= 3) {
+            if (sum_dh) return launch(ln_backward_kernel<X, T, S, K, true>);
+          }
+          launch(ln_backward_kernel<X, T, S, K, false>);
         });
         FFN_CHECK_LAUNCH();
-        if (!sums) return;
-        Tensor both = Tensor::empty({2 * c}, w.dtype(), w.device());
-        reduce_partials_kernel<float, T><<<static_cast<unsigned>((2 * c + 31) / 32), dim3(32, 8),
-                                           0, stream(dev)>>>(partials.data<float>(), blocks,
-                                                             2 * c, dptr<T>(both));
+        if (dh && dh_sum && !sum_dh) bias_grad(*dh, *dh_sum);
+        if (!partials.defined()) return;
+        Tensor all = Tensor::empty({sets * c}, w.dtype(), w.device());
+        reduce_partials_kernel<float, T>
+            <<<static_cast<unsigned>((sets * c + 31) / 32), dim3(32, 8), 0, stream(dev)>>>(
+                partials.data<float>(), blocks, sets * c, dptr<T>(all));
         FFN_CHECK_LAUNCH();
-        if (dw) dw->copy_(both.narrow(0, 0, c));
-        if (db) db->copy_(both.narrow(0, c, c));
+        if (dw) dw->copy_(all.narrow(0, 0, c));
+        if (db) db->copy_(all.narrow(0, c, c));
+        if (sum_dh) dh_sum->copy_(all.narrow(0, 2 * c, c));
         return;
       }
     }
@@ -375,6 +396,7 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
           accumulate_dx, m, c);
       FFN_CHECK_LAUNCH();
       if (dh) cuda::dropout_add_backward(*dx, dh_d, *dh);  // the general path: a pass of its own
+      if (dh && dh_sum) bias_grad(*dh, *dh_sum);
     }
     if (!sums) return;
     Tensor both = Tensor::empty({2 * c}, w.dtype(), w.device());

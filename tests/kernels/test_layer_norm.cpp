@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/bias_act_dropout.h"
 #include "kernels/dropout_add.h"
 #include "kernels/layer_norm.h"
 #include "layers/functional.h"
@@ -260,7 +261,7 @@ FFN_GPU_TEST("rms_norm on the GPU matches the CPU (forward, dx, dw, mixed precis
 // gradient to the add: autograd's sums_final).
 namespace {
 struct AddNormOut {
-  Tensor a, y, mean, rstd, dx, dh;
+  Tensor a, y, mean, rstd, dx, dh, dh_sum;
 };
 // The fused pair (fused = true) or the separate ops, forward and backward with dx added to a
 // prior sum (as autograd does for the residual stream). rms: RMSNorm (no mean, no bias).
@@ -287,13 +288,15 @@ AddNormOut add_norm_run(bool fused, bool rms, const Tensor& x, const Tensor& h, 
   }
   o.dx = prev.clone();
   o.dh = Tensor::empty({m, c}, h.dtype(), dev);
-  const BranchGrad branch{&o.dh, d};
+  o.dh_sum = Tensor::empty({c}, w.dtype(), dev);
+  const BranchGrad branch{&o.dh, d, &o.dh_sum};
   const BranchGrad* br = fused ? &branch : nullptr;
   if (rms)
     rms_norm_backward(dy, o.a, w, o.rstd, &o.dx, nullptr, true, br);
   else
     layer_norm_backward(dy, o.a, w, o.mean, o.rstd, &o.dx, nullptr, nullptr, true, br);
   if (!fused) dropout_add_backward(o.dx, d, o.dh);
+  if (!fused) bias_grad(o.dh, o.dh_sum);
   return o;
 }
 }  // namespace
@@ -311,6 +314,7 @@ TEST_CASE("add_layer_norm and the branch gradient equal the separate ops; FD thr
       CHECK(max_abs_diff(f.y, s.y) == 0.0);
       CHECK(max_abs_diff(f.dx, s.dx) == 0.0);
       CHECK(max_abs_diff(f.dh, s.dh) == 0.0);
+      CHECK(max_abs_diff(f.dh_sum, s.dh_sum) == 0.0);  // the CPU sums dh with bias_grad
       // Autograd: a = x + dropout(h) feeds the norm and the next residual add (the block's
       // shape), and in the second graph also a product that runs after the norm.
       for (bool third_user : {false, true}) {
@@ -346,11 +350,14 @@ TEST_CASE("add_layer_norm and the branch gradient equal the separate ops; FD thr
 
 // The GPU's fused kernels (C % 8 == 0, C <= 1024: one pass) and the general path (C = 7: the
 // add and the branch gradient as passes of their own) against the same ops run apart on the
-// GPU, bit for bit; fp32 stream with bf16 h, w, y, dy, dh.
+// GPU, bit for bit; fp32 stream with bf16 h, w, y, dy, dh. dh's column sums (Note [Branch bias
+// gradient]): in the fused kernel up to C = 768, summed over its 64-row blocks (another order
+// than bias_grad's), so within bf16's rounding of the exact sum of dh and the same bits run
+// after run; above 768 and on the general path bias_grad's own, bit for bit.
 FFN_GPU_TEST("add_layer_norm and the branch gradient on the GPU equal the separate kernels") {
   Generator g(42);
   for (bool rms : {false, true})
-    for (int64_t c : {7, 384, 1024})
+    for (int64_t c : {7, 384, 768, 1024})
       for (float p : {0.0f, 0.2f}) {
         const int64_t m = 130;
         const DropoutSpec d{p, 5, 77};
@@ -369,5 +376,19 @@ FFN_GPU_TEST("add_layer_norm and the branch gradient on the GPU equal the separa
         CHECK_MESSAGE(max_abs_diff(f.rstd, s.rstd) == 0.0, tag, ": rstd");
         CHECK_MESSAGE(max_abs_diff(f.dx, s.dx) == 0.0, tag, ": dx");
         CHECK_MESSAGE(max_abs_diff(f.dh, s.dh) == 0.0, tag, ": dh");
+        if (c % 8 != 0 || c > 768) {
+          CHECK_MESSAGE(max_abs_diff(f.dh_sum, s.dh_sum) == 0.0, tag, ": dh_sum");
+        } else {
+          const std::vector<double> dhv = s.dh.to_vector(), got = f.dh_sum.to_vector();
+          for (int64_t j = 0; j < c; ++j) {
+            double sum = 0.0, mag = 0.0;
+            for (int64_t r = 0; r < m; ++r) sum += dhv[r * c + j], mag += std::abs(dhv[r * c + j]);
+            // bf16's rounding of the result, plus fp32 accumulation over m terms
+            CHECK_MESSAGE(std::abs(got[j] - sum) <= std::ldexp(std::abs(sum), -8) + 1e-5 * mag, tag,
+                          ": dh_sum column ", j, " ", got[j], " vs ", sum);
+          }
+          const AddNormOut again = add_norm_run(true, rms, x, h, w, b, dy, prev, d);
+          CHECK_MESSAGE(max_abs_diff(again.dh_sum, f.dh_sum) == 0.0, tag, ": dh_sum run to run");
+        }
       }
 }
