@@ -155,13 +155,13 @@ void Var::backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const {
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Var& in = node->inputs[i];
       if (!in.defined() || !in.requires_grad() || !in.grad_fn()) continue;
-      const auto slot = pending.find(in.grad_fn().get());
-      if (slot == pending.end() || !slot->second.defined()) continue;
-      node->sums[i] = &slot->second;
       int own = 0;  // this node's edges into the same producer
       for (const Var& other : node->inputs)
         if (other.defined() && other.grad_fn() == in.grad_fn()) ++own;
       node->sums_final[i] = users[in.grad_fn().get()] == own;
+      const auto slot = pending.find(in.grad_fn().get());
+      if (slot == pending.end() || !slot->second.defined()) continue;
+      node->sums[i] = &slot->second;
     }
     std::vector<Tensor> grads = node->backward(std::move(g_out));
     release_edges(node);

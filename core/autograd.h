@@ -25,9 +25,11 @@
 // place — in the kernel that computes it, saving a pass — and return an undefined tensor
 // for i. LayerNorm does this for the residual stream (layers/functional.cpp): the residual
 // add's gradient always arrives first. sums_final[i] is true when no node left to run feeds
-// inputs[i] besides this one: the sum is complete once this node has added to it, so the
-// node may also derive what inputs[i]'s producer will need from it (Note [Residual add and
-// norm]). sums and sums_final are cleared after backward.
+// inputs[i] besides this one (set for every op output, with or without a pending sum): the
+// sum is complete once this node has added to it, so the node may also derive what
+// inputs[i]'s producer will need from it (Note [Residual add and norm]); with sums[i] null as
+// well, the producer receives exactly what this node returns for i (Note [Branch bias
+// gradient]). sums and sums_final are cleared after backward.
 #pragma once
 
 #include <functional>

@@ -36,7 +36,11 @@ Tensor as_2d(const Tensor& t) {
 // gpt2_small's step, 24 of its 36 passes, session 17's profile). The norm's node asks the
 // node that made h (a BranchBiasGrad) whether it wants the sum, and hands it over with the
 // address of the dh it was taken from; that node uses it only for exactly that d_out (else
-// it sums as before).
+// it sums as before). The address alone would not do: when h has another user whose
+// gradient the engine adds into dh in place (it arrives later, or arrived earlier and dh
+// lands in its sum), the d_out differs from dh. So the residual add, which hands dh to the
+// engine, withdraws the sum unless nothing has been summed for h before it and no node left
+// to run feeds h (sums[1] null, sums_final[1]: Note [Accumulating backward]).
 class BranchBiasGrad {
  public:
   virtual ~BranchBiasGrad() = default;
@@ -46,6 +50,7 @@ class BranchBiasGrad {
     given_db_ = std::move(db);
     given_src_ = src;
   }
+  void withdraw_bias_grad_of_output() { forget_given_db(); }
 
  protected:
   // The given sum if `dy` is the gradient it was taken from, else undefined; forgets it.
@@ -115,7 +120,13 @@ class DropoutAddNode final : public Node {
     const Tensor& y = inputs[1].value();
     Tensor dy;
     if (inputs[1].requires_grad()) {
-      if (branch_.defined() && d_out.data_ptr() == branch_src_) {
+      const bool from_norm = branch_.defined() && d_out.data_ptr() == branch_src_;
+      // Note [Branch bias gradient]: h's producer gets exactly dh only if nothing else feeds h.
+      const bool alone = sums.size() > 1 && sums[1] == nullptr && sums_final[1];
+      if (!(from_norm && alone))
+        if (auto* maker = dynamic_cast<BranchBiasGrad*>(inputs[1].grad_fn().get()))
+          maker->withdraw_bias_grad_of_output();
+      if (from_norm) {
         dy = branch_;  // the norm's backward computed it (Note [Residual add and norm])
       } else {
         dy = Tensor::empty(y.shape(), y.dtype(), y.device());
