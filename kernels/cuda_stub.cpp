@@ -184,7 +184,7 @@ void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Te
   no_cuda("layer_norm");
 }
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         Tensor*, Tensor*, Tensor*, bool, Tensor*, const DropoutSpec&) {
+                         Tensor*, Tensor*, Tensor*, bool, Tensor*, const DropoutSpec&, Tensor*) {
   no_cuda("layer_norm_backward");
 }
 
