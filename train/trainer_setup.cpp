@@ -330,7 +330,15 @@ void Trainer::restore_gemm_choices_from(const std::string& ckpt_dir) {
            "run with runtime.gemm_autotune = false): the GEMMs are tuned anew, so the resumed "
            "steps may differ from an uninterrupted run in the last bits";
   } else {
-    const RestoredGemmChoices r = restore_gemm_choices(text, file, /*replace=*/true);
+    RestoredGemmChoices r;
+    try {
+      r = restore_gemm_choices(text, file, /*replace=*/true);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) +
+                      "\n  (remove that file to resume with the GEMMs tuned anew; the resumed "
+                      "steps may then differ from an uninterrupted run in the last bits)",
+                  e.kind());
+    }
     line = r.skipped.empty()
                ? "[resume] " + std::to_string(r.count) + " tuned GEMM algorithm(s) from " + file
                : "[resume] " + file + " was " + r.skipped +
