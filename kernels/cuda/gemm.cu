@@ -108,6 +108,22 @@ std::map<Key, Plan> g_plans;
 std::map<Shape, cublasLtMatmulAlgo_t> g_restored;  // Note [GEMM choices]
 GemmChoiceStats g_stats;
 
+// Note [GEMM choices]: `plan` takes the restored `algo` if cuBLASLt accepts it for the plan's
+// product within our workspace (counted as restored), else keeps what it has (rejected).
+bool take_restored(const Key& key, Plan& plan, const cublasLtMatmulAlgo_t& algo) {
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(cublaslt(key.device), plan.op, plan.a, plan.b, plan.c, plan.c, &algo,
+                              &check) != CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > workspace_bytes()) {
+    ++g_stats.rejected;
+    return false;
+  }
+  plan.algo = algo;
+  plan.chosen = Chosen::restored;
+  ++g_stats.restored;
+  return true;
+}
+
 int alignment_of(std::initializer_list<const void*> ptrs) {
   int al = 16;
   for (const void* p : ptrs) {
@@ -238,18 +254,7 @@ Plan make_plan(const Key& key, const Call& call) {
     // A choice restored from another process (Note [GEMM choices]) replaces the timing if
     // cuBLASLt still accepts it for this product.
     const auto r = g_restored.find(shape_of(key));
-    if (r != g_restored.end()) {
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(cublaslt(key.device), p.op, p.a, p.b, p.c, p.c, &r->second,
-                                  &check) == CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= ws) {
-        p.algo = r->second;
-        p.chosen = Chosen::restored;
-        ++g_stats.restored;
-        return p;
-      }
-      ++g_stats.rejected;
-    }
+    if (r != g_restored.end() && take_restored(key, p, r->second)) return p;
     set_pointers(p, call);  // epilogue outputs are rewritten by the real call
     const Tensor scratch =
         Tensor::empty({key.batch, key.m, key.n}, key.dtype, Device::cuda(key.device));
@@ -435,17 +440,7 @@ RestoredGemmChoices restore_gemm_choices(const std::string& text, const std::str
     for (auto& [key, plan] : g_plans) {
       if (!key.tuned || plan.chosen == Chosen::heuristic) continue;
       const auto r = parsed.find(shape_of(key));
-      if (r == parsed.end()) continue;
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(cublaslt(key.device), plan.op, plan.a, plan.b, plan.c, plan.c,
-                                  &r->second, &check) == CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= workspace_bytes()) {
-        plan.algo = r->second;
-        plan.chosen = Chosen::restored;
-        ++g_stats.restored;
-      } else {
-        ++g_stats.rejected;
-      }
+      if (r != parsed.end()) take_restored(key, plan, r->second);
     }
   }
   return res;
