@@ -117,20 +117,19 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   FfnGrads g;
 
   // db1 comes from the fused activation backward (linear_act_backward, linear_glu_backward)
-  // where it runs; db2 from the dropout pass, or a column-sum pass of its own (on an H100
-  // faster, with the bare dW2 GEMM, than cuBLASLt's BGRADB epilogue: bench/RESULTS.md,
-  // session 14).
+  // where it runs; db2 from the dropout pass, from the pass that wrote dy (given), or a
+  // column-sum pass of its own (on an H100 faster, with the bare dW2 GEMM, than cuBLASLt's
+  // BGRADB epilogue: bench/RESULTS-2026-11-24-s14-16.md, session 14).
   // fc2: dz2 = dropout_o'(dy), db2 fused into that pass.
   Tensor dz2 = dy;
   if (p.w2.defined()) {
-    if (p.b2.defined()) g.db2 = Tensor::empty({y_shape[1]}, x.dtype(), x.device());
+    const bool given = p.b2.defined() && db2.defined() && !d.out.active();
+    if (given) check_shape(db2, {y_shape[1]}, "ffn_backward", "db2");
+    if (p.b2.defined()) g.db2 = given ? db2 : Tensor::empty({y_shape[1]}, x.dtype(), x.device());
     if (d.out.active()) {
       dz2 = Tensor::empty(y_shape, x.dtype(), x.device());
       bias_dropout_backward(dy, d.out, &dz2, p.b2.defined() ? &g.db2 : nullptr);
-    } else if (p.b2.defined() && db2.defined()) {
-      check_shape(db2, {y_shape[1]}, "ffn_backward", "db2");
-      g.db2 = db2;
-    } else if (p.b2.defined()) {
+    } else if (p.b2.defined() && !given) {
       bias_grad(dy, g.db2);
     }
   }
