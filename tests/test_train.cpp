@@ -67,7 +67,8 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
     CHECK_NOTHROW(Config::load(std::string(FFN_SOURCE_DIR) + "/" + f));
   const Config lc = Config::load(std::string(FFN_SOURCE_DIR) + "/configs/llama_char.toml");
   CHECK(lc.model.arch == Arch::llama);
-  CHECK(lc.model.kv_heads == 6);  // kv_heads = 2 measured 0.01 worse (RESULTS session 16)
+  CHECK(lc.model.kv_heads ==
+        6);  // kv_heads = 2 measured 0.01 worse (bench/RESULTS-2026-11-24-s14-16.md, session 16)
   CHECK(std::llround(lc.model.ffn_mult * 384) == 1024);  // SwiGLU's 8/3 · d_model
   CHECK(!lc.model.tie_embeddings);
   const Config sc = Config::load(std::string(FFN_SOURCE_DIR) + "/configs/shakespeare_char.toml");
@@ -337,6 +338,17 @@ std::vector<std::string> metric_lines(const std::string& dir, const char* key) {
     if (l.find(key) != std::string::npos) out.push_back(l.substr(0, l.find("\"ms_per_iter\"")));
   return out;
 }
+// Runs a and b of `iters` iterations computed the same: every iteration's train loss, every
+// eval, and the bytes of their final checkpoints' weights and optimizer state.
+void check_same_run(const std::string& a, const std::string& b, int64_t iters) {
+  const auto la = metric_lines(a, "train_loss"), lb = metric_lines(b, "train_loss");
+  REQUIRE(la.size() == static_cast<size_t>(iters));
+  CHECK(la == lb);
+  CHECK(metric_lines(a, "val_loss") == metric_lines(b, "val_loss"));
+  const std::string ckpt = "ckpt-" + std::to_string(iters);
+  for (const char* f : {"model.safetensors", "optim.safetensors"})
+    CHECK_MESSAGE(slurp(fs::path(a) / ckpt / f) == slurp(fs::path(b) / ckpt / f), f);
+}
 }  // namespace
 
 TEST_CASE("resume is bit-exact: N steps + resume + N steps == 2N steps") {
@@ -353,13 +365,7 @@ TEST_CASE("resume is bit-exact: N steps + resume + N steps == 2N steps") {
   second.resume = b;
   const TrainResult r2 = run_training(tiny_config(b, 10), second);
   CHECK(r2.iters_done == 10);
-  // Same losses (every iteration's train loss, every eval), same weights and optimizer state.
-  const auto la = metric_lines(a, "train_loss"), lb = metric_lines(b, "train_loss");
-  REQUIRE(la.size() == 10);
-  CHECK(la == lb);
-  CHECK(metric_lines(a, "val_loss") == metric_lines(b, "val_loss"));
-  for (const char* f : {"model.safetensors", "optim.safetensors"})
-    CHECK_MESSAGE(slurp(fs::path(a) / "ckpt-10" / f) == slurp(fs::path(b) / "ckpt-10" / f), f);
+  check_same_run(a, b, 10);
   CHECK(fs::exists(fs::path(a) / "loss.svg"));
   // Corrupted or incompatible checkpoints are refused, naming the file.
   const fs::path model = fs::path(b) / "ckpt-10" / "model.safetensors";
@@ -416,12 +422,7 @@ FFN_GPU_TEST("a GPU run with tuned GEMMs resumes bit-exact: the choices travel i
   CHECK(st.restored > 0);
   CHECK(st.timed == 0);
   CHECK(st.rejected == 0);
-  const auto la = metric_lines(a, "train_loss"), lb = metric_lines(b, "train_loss");
-  REQUIRE(la.size() == 8);
-  CHECK(la == lb);
-  CHECK(metric_lines(a, "val_loss") == metric_lines(b, "val_loss"));
-  for (const char* f : {"model.safetensors", "optim.safetensors"})
-    CHECK_MESSAGE(slurp(fs::path(a) / "ckpt-8" / f) == slurp(fs::path(b) / "ckpt-8" / f), f);
+  check_same_run(a, b, 8);
   reset_gemm_choices();
   fs::remove_all(root);
 }
@@ -494,9 +495,7 @@ TEST_CASE("a llama run: HF Llama names in the checkpoint, bit-exact resume, it l
   TrainOptions second = quiet;
   second.resume = b;
   CHECK(run_training(cfg(b), second).iters_done == 8);
-  CHECK(metric_lines(a, "train_loss") == metric_lines(b, "train_loss"));
-  for (const char* f : {"model.safetensors", "optim.safetensors"})
-    CHECK_MESSAGE(slurp(fs::path(a) / "ckpt-8" / f) == slurp(fs::path(b) / "ckpt-8" / f), f);
+  check_same_run(a, b, 8);
   std::map<std::string, Shape> shapes;
   const std::string model = (fs::path(a) / "ckpt-8" / "model.safetensors").string();
   for (const auto& [n, t] : load_safetensors(model)) shapes[n] = t.shape();
