@@ -80,8 +80,8 @@ class LinearNode final : public Node, public BranchBiasGrad {
     if (inputs[0].requires_grad()) g[0] = matmul(dy, w).reshape(x.shape());
     // The bias gradient as a column-sum pass of its own beside the weight gradient: on an
     // H100 that pass plus the bare GEMM beat cuBLASLt's BGRADB epilogue (a kernel of its own
-    // too) at GPT-2's qkv, proj and fc2 shapes (bench/RESULTS.md, session 14); or summed by
-    // the norm's backward that wrote dy (Note [Branch bias gradient]).
+    // too) at GPT-2's qkv, proj and fc2 shapes (bench/RESULTS-2026-11-24-s14-16.md, session 14); or
+    // summed by the norm's backward that wrote dy (Note [Branch bias gradient]).
     const bool with_dw = inputs[1].requires_grad(), with_db = inputs[2].requires_grad();
     const Tensor given = take_given_db(dy);
     if (with_db)
