@@ -617,7 +617,7 @@ void attention_bench(int device, int warmup, int iters, float p_drop) {
       const double fwd = median_ms(device, warmup, iters,
                                    [&] { cuda::fused_attention(qkv, sh.h, scale, d, y, lse, k); });
       const double bwd = median_ms(device, warmup, iters, [&] {
-        cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, k);
+        cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k);
       });
       std::printf("{\"attention\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"t\": %lld, "
                   "\"h\": %lld, \"d\": %lld, \"dropout\": %.2f, \"forward_ms\": %.4f, "

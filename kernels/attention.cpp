@@ -9,6 +9,7 @@
 
 #include "core/dispatch.h"
 #include "kernels/checks.h"
+#include "kernels/rope.h"
 
 namespace ffn {
 
@@ -70,9 +71,12 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv) {
+                              Tensor& dqkv, double rope_base) {
   const char* op = "fused_attention_backward";
   const Dims s = check_qkv(qkv, heads, scale, d, op);
+  FFN_CHECK(std::isfinite(rope_base) && rope_base >= 0 && (rope_base == 0 || s.d % 2 == 0), "[", op,
+            "] rope_base must be 0 (none) or > 0 with an even head_dim; got ", rope_base,
+            " with head_dim ", s.d);
   const Shape out{s.b, s.t, s.h * s.d};
   for (auto [t, name] : {std::pair<const Tensor*, const char*>{&y, "y"}, {&dy, "dy"}}) {
     check_defined(*t, op, name);
@@ -84,9 +88,15 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   detail::check_like(dqkv, qkv, qkv.shape(), op, "dqkv");
   const Tensor x = qkv.contiguous(), g = dy.contiguous();
   if (qkv.is_cuda()) {
-    return cuda::fused_attention_backward(x, y.contiguous(), g, lse, heads, scale, d, dqkv);
+    return cuda::fused_attention_backward(x, y.contiguous(), g, lse, heads, scale, d, dqkv,
+                                          rope_base);
   }
   cpu::fused_attention_backward(x, g, heads, scale, d, dqkv);
+  if (rope_base > 0) {  // the reference: the rotation's own backward after the attention's
+    Tensor back = Tensor::empty(dqkv.shape(), dqkv.dtype(), dqkv.device());
+    cpu::rope(dqkv, heads, heads, rope_base, /*inverse=*/true, back);
+    dqkv.copy_(back);
+  }
 }
 
 }  // namespace ffn

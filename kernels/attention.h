@@ -38,9 +38,13 @@ bool fused_attention_preferred(DType dt, int64_t t, int64_t head_dim);
 
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
                      Tensor& y, Tensor& lse);
+// rope_base > 0: q and k of qkv were rotated by rotary embeddings of that base (kernels/rope.h,
+// with kv_heads = heads) before this attention, and dq and dk leave rotated back, as the
+// gradient with respect to the unrotated q and k (the CUDA kernels rotate them before their
+// stores; Note [Fused rotary embeddings] in layers/attention.cpp). head_dim must be even.
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv);
+                              Tensor& dqkv, double rope_base = 0);
 
 namespace cpu {
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
@@ -61,7 +65,8 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
                      Tensor& y, Tensor& lse, AttentionKernel kernel = AttentionKernel::automatic);
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv, AttentionKernel kernel = AttentionKernel::automatic);
+                              Tensor& dqkv, double rope_base = 0,
+                              AttentionKernel kernel = AttentionKernel::automatic);
 }  // namespace cuda
 
 }  // namespace ffn

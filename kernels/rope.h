@@ -20,6 +20,15 @@ namespace ffn {
 void rope(const Tensor& qkv, int64_t heads, int64_t kv_heads, double base, bool inverse,
           Tensor& out);
 
+// The projection and the rotation in one: out = rope(x·wᵀ) as [B, T, (H + 2·KV)·D] (x [B, T,
+// C], w [(H + 2·KV)·D, C]), the forward rotation. Where the own Hopper GEMM runs it (bf16/f16,
+// D = 64, sm90_gemm's alignment rules) and gemm_epilogues() is on, one GEMM rotates its
+// accumulators before they are rounded (Note [Fused rotary embeddings] in
+// layers/attention.cpp); elsewhere gemm() then rope(), whose results it matches within one
+// rounding.
+void linear_rope(const Tensor& x, const Tensor& w, int64_t heads, int64_t kv_heads, double base,
+                 Tensor& out);
+
 namespace cpu {
 void rope(const Tensor& qkv, int64_t heads, int64_t kv_heads, double base, bool inverse,
           Tensor& out);

@@ -1,5 +1,7 @@
 // layers/attention.cpp — fn::causal_attention: the multi-head causal attention core as one
-// autograd node, built from batched cuBLASLt GEMMs and the fused causal softmax + dropout.
+// autograd node, built from batched cuBLASLt GEMMs and the fused causal softmax + dropout; and
+// fn::rope_attention, the Llama attention's projection, rotary embeddings and attention
+// (Note [Fused rotary embeddings] below).
 //
 // Forward:  [q|k|v] = split_heads(qkv)            [3, B·H, T, D] (one strided copy)
 //           s = q·kᵀ;  p, pd = causal_softmax(s, 1/√D, dropout)
@@ -14,12 +16,32 @@
 // (flash-style) kernel per pass instead: it reads q, k, v straight from qkv,
 // writes y in [B, T, C], and saves only qkv, y and the row log-sum-exp. Both paths drop the
 // same attention entries for the same spec.
+//
+// Note [Fused rotary embeddings]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A Llama attention rotates q and k by RoPE (kernels/rope.h) between the QKV projection and
+// the attention; unfused that is two passes over 2/3 of qkv, the rotation after the GEMM and
+// its inverse on the gradient after the attention's backward. fn::rope_attention removes
+// both: forward, kernels/rope.h's linear_rope runs the projection on the own Hopper GEMM with
+// the rotation applied to the accumulators before they are rounded (gemm/epilogue.cuh,
+// StoreCTma<T, true>: the lane that holds column i of a head also holds column i + 32, so
+// the pair rotates in registers); backward, both fused attention backward kernels (mma.sync
+// and Hopper) rotate dq and dk back in registers before their stores
+// (fused_attention_backward's rope_base), so dqkv is already the gradient of the projection's
+// output and goes straight into its two GEMMs. One node owns the projection's gradients, so
+// nothing else ever sees the rotated gradient. Where the own GEMM cannot run the product
+// (another GPU, head size ≠ 64) linear_rope is the GEMM then the rope kernel and only the
+// backward's pass is saved. The fused results differ from the composition's by the
+// rounding the composition does between the GEMM and the rotation (and between the
+// attention's dq/dk and the inverse rotation): tests/layers compare them within the
+// low-precision rule; the CPU path is the composition itself.
 #include <cmath>
 
 #include "kernels/attention.h"
 #include "kernels/bias_act_dropout.h"
-#include "kernels/gemm.h"
 #include "kernels/causal_softmax.h"
+#include "kernels/gemm.h"
+#include "kernels/rope.h"
 #include "layers/functional.h"
 
 namespace ffn::fn {
@@ -102,6 +124,41 @@ class FusedAttentionNode final : public Node {
   Tensor qkv_, y_, lse_;
 };
 
+// Note [Fused rotary embeddings]: inputs x [B, T, C] and w [3C, C]; qkv is rope(x·wᵀ).
+class RopeAttentionNode final : public Node {
+ public:
+  RopeAttentionNode(int64_t heads, double base, DropoutSpec drop, Tensor qkv, Tensor y, Tensor lse)
+      : heads_(heads),
+        base_(base),
+        drop_(drop),
+        qkv_(std::move(qkv)),
+        y_(std::move(y)),
+        lse_(std::move(lse)) {}
+  const char* name() const override { return "rope_attention(fused)"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const Tensor& x = inputs[0].value();
+    const Tensor& w = inputs[1].value();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(y_.size(2) / heads_));
+    Tensor dqkv = Tensor::empty(qkv_.shape(), qkv_.dtype(), qkv_.device());
+    fused_attention_backward(qkv_, y_, d_out, lse_, heads_, scale, drop_, dqkv, base_);
+    const Tensor d2 = dqkv.view_2d();
+    std::vector<Tensor> g(2);
+    if (inputs[0].requires_grad()) g[0] = matmul(d2, w).reshape(x.shape());
+    if (inputs[1].requires_grad()) g[1] = matmul(d2, x.contiguous().view_2d(), {.trans_a = true});
+    return g;
+  }
+  void release() override { qkv_ = y_ = lse_ = Tensor(); }
+  size_t saved_bytes() const override {
+    return qkv_.defined() ? qkv_.nbytes() + y_.nbytes() + lse_.nbytes() : 0;
+  }
+
+ private:
+  int64_t heads_;
+  double base_;
+  DropoutSpec drop_;
+  Tensor qkv_, y_, lse_;
+};
+
 }  // namespace
 
 Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout, bool fused) {
@@ -137,6 +194,31 @@ Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_drop
       out,
       std::make_shared<AttentionNode>(Dims{b, t, c, heads, d}, attn_dropout, split, std::move(p)),
       {qkv});
+}
+
+Var rope_attention(const Var& x, const Var& w, int64_t heads, double base,
+                   const DropoutSpec& attn_dropout, bool fused) {
+  const Tensor& xv = x.value();
+  const Tensor& wv = w.value();
+  FFN_CHECK(xv.dim() == 3 && wv.dim() == 2 && xv.size(2) == wv.size(1),
+            "[rope_attention] x must "
+            "be [B, T, C] and w [3·heads·head_dim, C]; got x ",
+            xv.desc(), ", w ", wv.desc());
+  FFN_CHECK(heads > 0 && wv.size(0) % (3 * heads) == 0, "[rope_attention] w's ", wv.size(0),
+            " rows are not 3·heads·head_dim for heads=", heads);
+  const int64_t b = xv.size(0), t = xv.size(1), c = wv.size(0) / 3, d = c / heads;
+  if (fused && xv.is_cuda() && gemm_epilogues() && d % 2 == 0 &&
+      fused_attention_preferred(xv.dtype(), t, d)) {
+    Tensor qkv = Tensor::empty({b, t, 3 * c}, xv.dtype(), xv.device());
+    linear_rope(xv, wv, heads, heads, base, qkv);
+    Tensor y = Tensor::empty({b, t, c}, xv.dtype(), xv.device());
+    Tensor lse = Tensor::empty({b * heads, t}, DType::f32, xv.device());
+    fused_attention(qkv, heads, 1.0 / std::sqrt(static_cast<double>(d)), attn_dropout, y, lse);
+    return make_output(
+        y, std::make_shared<RopeAttentionNode>(heads, base, attn_dropout, qkv, y, lse), {x, w});
+  }
+  return causal_attention(rope(linear(x, w, Var()), heads, heads, base), heads, attn_dropout,
+                          fused);
 }
 
 }  // namespace ffn::fn

@@ -100,5 +100,12 @@ Var leading_columns(const Var& x, int64_t n);
 // causal softmax, saving the head-split q, k, v and the probabilities (layers/attention.cpp).
 Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_dropout,
                      bool fused = true);
+// The Llama attention's core over its projection: causal_attention(rope(linear(x, w), heads,
+// heads, base), heads, attn_dropout, fused) for x [B, T, C] and w [3·heads·D, C] (no bias).
+// Where the flash-style kernels run it with gemm_epilogues() on, one node with the rotation
+// fused into the projection's epilogue and the attention backward's stores (Note [Fused
+// rotary embeddings], layers/attention.cpp); elsewhere exactly that composition.
+Var rope_attention(const Var& x, const Var& w, int64_t heads, double base,
+                   const DropoutSpec& attn_dropout, bool fused = true);
 
 }  // namespace ffn::fn

@@ -64,11 +64,10 @@ Var LlamaAttention::forward_impl(const Var& x) {
     for (int64_t h = 0; h < cfg_.heads; ++h)
       rows.push_back({p->weight(), (h / group) * head_dim_, head_dim_});
   }
-  const Var qkv = fn::rope(fn::linear(x, fn::concat_rows(rows), Var()), cfg_.heads, cfg_.heads,
-                           cfg_.rope_theta);
   const DropoutSpec attn = is_training() && cfg_.dropout > 0 ? rng_->dropout(cfg_.dropout)
                                                              : DropoutSpec{};
-  return o_proj_.forward(fn::causal_attention(qkv, cfg_.heads, attn, cfg_.fused_attention));
+  return o_proj_.forward(fn::rope_attention(x, fn::concat_rows(rows), cfg_.heads, cfg_.rope_theta,
+                                            attn, cfg_.fused_attention));
 }
 
 LlamaMLP::LlamaMLP(const GptConfig& cfg, Generator& init)

@@ -640,6 +640,66 @@ TEST_CASE("Llama arch (RMSNorm, RoPE, GQA, SwiGLU, untied padded head): FD check
                        doctest::Contains("kv_heads=3 must divide heads=4"), Error);
 }
 
+TEST_CASE("rope_attention (projection, rotary embeddings, attention) passes FD checks") {
+  // On the CPU it is causal_attention(rope(linear(x, w))) (Note [Fused rotary embeddings]).
+  Generator g(66);
+  for (float p : {0.0f, 0.3f}) {
+    const DropoutSpec d{p, 13, 4};
+    ffn::test::gradcheck(
+        [&](const std::vector<Var>& in) { return fn::rope_attention(in[0], in[1], 2, 50.0, d); },
+        {rand64({2, 5, 6}, g), rand64({3 * 2 * 4, 6}, g)}, {"x", "w"});
+  }
+  Var x(rand64({1, 3, 6}, g), true), w(rand64({10, 6}, g), true);
+  CHECK_THROWS_WITH_AS(fn::rope_attention(x, w, 2, 50.0, {}),
+                       doctest::Contains("[rope_attention] w's 10 rows are not 3·heads·head_dim"),
+                       Error);
+}
+
+FFN_GPU_TEST("rope_attention on the GPU: the fused node and the composition match the CPU") {
+  // gemm_epilogues() on: one node, the rotation in the QKV GEMM's epilogue (Hopper) and in the
+  // attention backward's stores; off: linear, rope and causal_attention. Both in bf16 against
+  // the f64 CPU; T = 256 without dropout takes the Hopper attention, the others mma.sync.
+  Generator g(67);
+  const bool epilogues = gemm_epilogues();
+  const Device gpu = Device::cuda(0);
+  struct Case {
+    int64_t b, t, h, c;
+    float p;
+  };
+  for (const Case& cs :
+       {Case{2, 256, 2, 128, 0.0f}, Case{2, 100, 2, 72, 0.2f}, Case{1, 300, 3, 96, 0.2f}}) {
+    const int64_t n = 3 * cs.h * 64;
+    const Tensor x = rand64({cs.b, cs.t, cs.c}, g).to(DType::bf16).to(DType::f64);
+    const Tensor w = rand64({n, cs.c}, g, 0.2).to(DType::bf16).to(DType::f64);
+    const Tensor dy = rand64({cs.b, cs.t, cs.h * 64}, g).to(DType::bf16).to(DType::f64);
+    const DropoutSpec d{cs.p, 21, 5};
+    auto run = [&](Device dev, DType t, std::string* node = nullptr) {
+      Var xv(x.to(t).to(dev), true), wv(w.to(t).to(dev), true);
+      Var y = fn::rope_attention(xv, wv, cs.h, 10000.0, d);
+      if (node) *node = y.grad_fn()->name();
+      y.backward(dy.to(t).to(dev));
+      std::vector<Tensor> out;
+      for (const Tensor& v : {y.value(), xv.grad(), wv.grad()})
+        out.push_back(v.to(Device::cpu()).to(DType::f64));
+      return out;
+    };
+    const std::vector<Tensor> ref = run(Device::cpu(), DType::f64);
+    const char* names[] = {"y", "dx", "dw"};
+    for (bool epi : {true, false}) {
+      set_gemm_epilogues(epi);
+      std::string node;
+      const std::vector<Tensor> got = run(gpu, DType::bf16, &node);
+      CHECK_MESSAGE(node == (epi ? "rope_attention(fused)" : "causal_attention(fused)"), node);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double err = ffn::test::rel_l2(got[i], ref[i]);
+        INFO("T ", cs.t, " p ", cs.p, " ", names[i], " epilogues ", epi, " rel_l2 = ", err);
+        CHECK(err <= 1e-2);  // bf16 storage of qkv, y and the gradients
+      }
+    }
+    set_gemm_epilogues(epilogues);
+  }
+}
+
 TEST_CASE("Llama GQA equals multi-head attention with each key/value head repeated per group") {
   // HF's repeat_kv: key/value head j serves query heads j·G … j·G + G - 1.
   const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);

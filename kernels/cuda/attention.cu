@@ -32,6 +32,7 @@
 #include "kernels/attention.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_sm90.h"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rowwise.cuh"
 
 namespace ffn::cuda {
@@ -169,20 +170,35 @@ __device__ __forceinline__ void mma_pb(float (&acc)[D / 8][4], const u32 (&pf)[4
 }
 
 // Writes a warp's 16×D accumulator times `mul` to rows [r0, r0+16) of a row-major 16-bit
-// matrix (row stride ld); rows ≥ t are skipped.
+// matrix (row stride ld); rows ≥ t are skipped. rope (optional, rope_table's [t, D/2]): each
+// row rotated back by its position's angles first (Note [Fused rotary embeddings]); the
+// lane's column 8n + 2c + e (n < D/16) pairs with n + D/16's.
 template <int D, class T>
 __device__ __forceinline__ void store_acc(const float (&acc)[D / 8][4], float mul0, float mul1,
-                                          T* g, int64_t ld, int64_t r0, int64_t t, int lane) {
+                                          T* g, int64_t ld, int64_t r0, int64_t t, int lane,
+                                          const float2* rope = nullptr) {
   const int gr = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t row = r0 + gr + 8 * half;
     if (row >= t) continue;
     const float mul = half ? mul1 : mul0;
-    u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
+    float v[D / 4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
-      out[4 * n] = pack2<T>(acc[n][2 * half] * mul, acc[n][2 * half + 1] * mul);
+      v[2 * n] = acc[n][2 * half] * mul, v[2 * n + 1] = acc[n][2 * half + 1] * mul;
+    if (rope) {
+      const float2* cs = rope + row * (D / 2) + 2 * c;
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(cs + 8 * n));
+        rope_rotate(v[2 * n], v[2 * n + D / 8], a.x, a.y, -1.0f);
+        rope_rotate(v[2 * n + 1], v[2 * n + 1 + D / 8], a.z, a.w, -1.0f);
+      }
+    }
+    u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) out[4 * n] = pack2<T>(v[2 * n], v[2 * n + 1]);
   }
 }
 
@@ -317,7 +333,8 @@ constexpr size_t dkv_smem() {  // K, V, two Q and two dY tiles, [2] lse and D, m
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_bwd_dq_kernel(const T* qkv, const T* y, const T* dy, const float* lse, float* dsum,
-                       T* dqkv, int64_t t, int heads, float scale, DeviceMask mask) {
+                       T* dqkv, int64_t t, int heads, float scale, DeviceMask mask,
+                       const float2* rope) {
   constexpr int LD = D + 8, TS = kTile * LD;
   extern __shared__ __align__(128) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
@@ -414,13 +431,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     to_a<T>(s, pf);
     mma_pb<D>(dq, pf, ks, lane);
   }
-  store_acc<D>(dq, scale, scale, dqkv + b * t * ld + static_cast<int64_t>(h) * D, ld, qw, t, lane);
+  store_acc<D>(dq, scale, scale, dqkv + b * t * ld + static_cast<int64_t>(h) * D, ld, qw, t, lane,
+               rope);
 }
 
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_bwd_dkv_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
-                        int64_t t, int heads, float scale, DeviceMask mask) {
+                        int64_t t, int heads, float scale, DeviceMask mask, const float2* rope) {
   constexpr int LD = D + 8, TS = kTile * LD;
   extern __shared__ __align__(128) unsigned char smem[];
   T* ks = reinterpret_cast<T*>(smem);
@@ -499,7 +517,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   cp_wait_all();
   T* dkg = dqkv + b * t * ld + static_cast<int64_t>(heads + h) * D;
-  store_acc<D>(dk, scale, scale, dkg, ld, kw, t, lane);
+  store_acc<D>(dk, scale, scale, dkg, ld, kw, t, lane, rope);
   store_acc<D>(dv, 1.0f, 1.0f, dkg + ldy, ld, kw, t, lane);
 }
 
@@ -625,9 +643,10 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv, AttentionKernel kernel) {
+                              Tensor& dqkv, double rope_base, AttentionKernel kernel) {
   if (use_sm90(qkv, heads, d, kernel, "fused_attention_backward"))
-    return sm90_attention_backward(qkv, y, dy, lse, heads, static_cast<float>(scale), d, dqkv);
+    return sm90_attention_backward(qkv, y, dy, lse, heads, static_cast<float>(scale), d, dqkv,
+                                   rope_base);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
   check_aligned({&qkv, &y, &dy, &dqkv}, "fused_attention_backward");
@@ -635,6 +654,9 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   if (b == 0 || t == 0) return;
   const DeviceMask mask = DeviceMask::from(d);
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
+  const float2* rope =
+      rope_base > 0 ? static_cast<const float2*>(rope_table(dev, t, hd, rope_base).data_ptr())
+                    : nullptr;
   with_half(qkv.dtype(), [&]<class H>() {
     using T = device_t<H>;
     with_head_dim(hd, [&]<int D>() {
@@ -642,12 +664,12 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
       allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dq_kernel<T, D>), dq_smem<D>());
       attn_bwd_dq_kernel<T, D><<<grid, kWarps * 32, dq_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(y), dptr<T>(dy), lse.data<float>(), dsum.data<float>(),
-          dptr<T>(dqkv), t, static_cast<int>(heads), static_cast<float>(scale), mask);
+          dptr<T>(dqkv), t, static_cast<int>(heads), static_cast<float>(scale), mask, rope);
       FFN_CHECK_LAUNCH();
       allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dkv_kernel<T, D>), dkv_smem<D>());
       attn_bwd_dkv_kernel<T, D><<<grid, kWarps * 32, dkv_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(dy), lse.data<float>(), dsum.data<float>(), dptr<T>(dqkv), t,
-          static_cast<int>(heads), static_cast<float>(scale), mask);
+          static_cast<int>(heads), static_cast<float>(scale), mask, rope);
       FFN_CHECK_LAUNCH();
     });
   });

@@ -55,6 +55,7 @@
 #include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/cuda/gemm/tensor_map.h"
 #include "kernels/cuda/gemm/wgmma.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rowwise.cuh"
 
 namespace ffn::cuda {
@@ -234,20 +235,35 @@ __device__ __forceinline__ void to_a(const float (&s)[N / 2], u32 (&a)[N / 16][4
 }
 
 // Writes a warp's 16 rows × 64 columns (acc × mul) to rows r0 + g (+8) of a row-major
-// 16-bit matrix at g (row stride ld); rows ≥ t are skipped.
+// 16-bit matrix at g (row stride ld); rows ≥ t are skipped. rope (optional, rope_table's
+// [t, 32]): each row rotated back by its position's angles first (Note [Fused rotary
+// embeddings]); the lane's column 8n + 2(lane % 4) + e (n < 4) pairs with n + 4's.
 template <class T>
 __device__ __forceinline__ void store_rows(const float (&acc)[32], float mul0, float mul1, T* g,
-                                           int64_t ld, int64_t r0, int64_t t, int lane) {
+                                           int64_t ld, int64_t r0, int64_t t, int lane,
+                                           const float2* rope = nullptr) {
   const int gr = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t row = r0 + gr + 8 * half;
     if (row >= t) continue;
     const float mul = half ? mul1 : mul0;
-    u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
+    float v[16];
 #pragma unroll
     for (int n = 0; n < 8; ++n)
-      out[4 * n] = pack2<T>(acc[4 * n + 2 * half] * mul, acc[4 * n + 2 * half + 1] * mul);
+      v[2 * n] = acc[4 * n + 2 * half] * mul, v[2 * n + 1] = acc[4 * n + 2 * half + 1] * mul;
+    if (rope) {
+      const float2* cs = rope + row * 32 + 2 * c;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(cs + 8 * n));
+        rope_rotate(v[2 * n], v[2 * n + 8], a.x, a.y, -1.0f);
+        rope_rotate(v[2 * n + 1], v[2 * n + 9], a.z, a.w, -1.0f);
+      }
+    }
+    u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) out[4 * n] = pack2<T>(v[2 * n], v[2 * n + 1]);
   }
 }
 

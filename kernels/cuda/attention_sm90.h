@@ -20,8 +20,10 @@ bool sm90_attention_supported(const Tensor& qkv, int64_t heads);
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).
 void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,
                             Tensor& y, Tensor& lse);
+// rope_base > 0: dq and dk leave rotated back by rotary embeddings of that base
+// (kernels/attention.h's fused_attention_backward).
 void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                              const Tensor& lse, int64_t heads, float scale, const DropoutSpec& d,
-                             Tensor& dqkv);
+                             Tensor& dqkv, double rope_base = 0);
 
 }  // namespace ffn::cuda

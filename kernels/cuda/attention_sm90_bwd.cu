@@ -14,9 +14,9 @@ using BwdPipe = Pipe<kBwdRows, kBwdStages>;
 // dq: 128 queries per CTA, 64-key tiles; writes dsum = D for dk/dv.
 
 template <class T, bool DROP>
-__device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base,
-                           int64_t bh, const T* y, const T* dy, const float* lse, float* dsum,
-                           T* dqkv, int64_t q0, int nkt, const DeviceMask& mask) {
+__device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
+                           const T* y, const T* dy, const float* lse, float* dsum, T* dqkv,
+                           int64_t q0, int nkt, const DeviceMask& mask, const float2* rope) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, qw = q0 + 64 * c + 16 * warp;
@@ -137,14 +137,14 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, in
     mbar_arrive(&p.res_empty[j & 1]);
   }
   const int64_t ld = 3 * ldy;
-  store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane);
+  store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane, rope);
 }
 
 template <class T, bool DROP>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
               const __grid_constant__ CUtensorMap dy128, const T* y, const T* dy, const float* lse,
-              float* dsum, T* dqkv, Geometry g, Units units, DeviceMask mask) {
+              float* dsum, T* dqkv, Geometry g, Units units, DeviceMask mask, const float2* rope) {
 #if FFN_ATTN_SM90_CODE
   const BwdPipe p = begin_cta<BwdPipe>(&qkv128, &qkv64, &dy128);
   // Unit u: query block q0 of head bh (the last blocks first) and its key tiles [0, nkt).
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int nkt;
         unit(u, bh, q0, nkt);
         dq_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0,
-                            nkt, mask);
+                            nkt, mask, rope);
         return nkt;
       });
 #endif
@@ -180,9 +180,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Backward dk/dv: 128 keys per CTA, 64-query tiles from the diagonal on.
 
 template <class T, bool DROP>
-__device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base,
-                            int64_t bh, const float* lse, const float* dsum, T* dqkv, int64_t k0,
-                            int nit, const DeviceMask& mask) {
+__device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
+                            const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
+                            const DeviceMask& mask, const float2* rope) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, kw = k0 + 64 * c + 16 * warp;  // the warp's first key
@@ -299,16 +299,16 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   }
   const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
   T* dkg = dqkv + b * t * ld + (g.heads + h) * kD;
-  store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane);
+  store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane, rope);
   store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
 }
 
 template <class T, bool DROP>
 __global__ void __launch_bounds__(kThreads, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
-               const __grid_constant__ CUtensorMap qkv64,
-               const __grid_constant__ CUtensorMap dy64, const float* lse, const float* dsum,
-               T* dqkv, Geometry g, Units units, DeviceMask mask) {
+               const __grid_constant__ CUtensorMap qkv64, const __grid_constant__ CUtensorMap dy64,
+               const float* lse, const float* dsum, T* dqkv, Geometry g, Units units,
+               DeviceMask mask, const float2* rope) {
 #if FFN_ATTN_SM90_CODE
   const BwdPipe p = begin_cta<BwdPipe>(&qkv128, &qkv64, &dy64);
   // Unit u: key block k0 of head bh (the first blocks, most query tiles, first) and its
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int nit;
         unit(u, bh, k0, nit);
         dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
-                             mask);
+                             mask, rope);
         return nit;
       });
 #endif
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                              const Tensor& lse, int64_t heads, float scale, const DropoutSpec& d,
-                             Tensor& dqkv) {
+                             Tensor& dqkv, double rope_base) {
   using namespace attn90;
   const char* op = "fused_attention_backward";
   FFN_CHECK(sm90_attention_supported(qkv, heads) && aligned16(y) && aligned16(dy) &&
@@ -362,16 +362,20 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
   const Units units{b * heads, static_cast<int>((t + 127) / 128)};
   const unsigned grid = persistent_grid(units, dev);
+  const float2* rope =
+      rope_base > 0 ? static_cast<const float2*>(rope_table(dev, t, kD, rope_base).data_ptr())
+                    : nullptr;
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
     allow_dynamic_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP>), BwdPipe::kSmem);
     dq_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy128, static_cast<const T*>(y.data_ptr()), static_cast<const T*>(dy.data_ptr()),
-        lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, units, mask);
+        lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, units, mask,
+        rope);
     FFN_CHECK_LAUNCH();
     allow_dynamic_smem(reinterpret_cast<const void*>(dkv_kernel<T, DROP>), BwdPipe::kSmem);
     dkv_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
-        q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()),
-        g, units, mask);
+        q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g,
+        units, mask, rope);
     FFN_CHECK_LAUNCH();
   });
 }

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rowwise.cuh"
 #include "kernels/rope.h"
 
@@ -34,14 +35,15 @@ __global__ void __launch_bounds__(256)
       continue;
     }
     const float2 cs = table[static_cast<int64_t>(row % t) * half + i];
-    const A c = cs.x, s = sign * cs.y;
+    const A c = cs.x, s = sign * cs.y;  // rope.cuh's rope_rotate, in A (f64 for f64 tensors)
     y[base + i] = from_acc<T>(x1 * c - x2 * s);
     y[base + i + half] = from_acc<T>(x2 * c + x1 * s);
   }
 }
 
-// cos/sin of θ_i = t·base^(−2i/D) for t < T, i < D/2, computed in f64.
-const Tensor& angle_table(int dev, int64_t t, int64_t d, double base) {
+}  // namespace
+
+const Tensor& rope_table(int dev, int64_t t, int64_t d, double base) {
   static std::mutex mu;
   static std::map<std::tuple<int, int64_t, int64_t, double>, Tensor> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -61,8 +63,6 @@ const Tensor& angle_table(int dev, int64_t t, int64_t d, double base) {
   return cache.emplace(key, std::move(table)).first->second;
 }
 
-}  // namespace
-
 void rope(const Tensor& qkv, int64_t heads, int64_t kv_heads, double base, bool inverse,
           Tensor& out) {
   const int dev = qkv.device().index;
@@ -71,7 +71,7 @@ void rope(const Tensor& qkv, int64_t heads, int64_t kv_heads, double base, bool 
   const int64_t d = qkv.size(2) / slots, half = d / 2;
   const int64_t pairs = b * t * slots * half;
   if (pairs == 0) return;
-  const Tensor& table = angle_table(dev, t, d, base);
+  const Tensor& table = rope_table(dev, t, d, base);
   FFN_DISPATCH_ALL(qkv.dtype(), "rope", [&]<class H>() {
     using T = device_t<H>;
     rope_kernel<T><<<grid_for(pairs, 256), 256, 0, stream(dev)>>>(

@@ -1,14 +1,16 @@
 // tests/kernels/test_attention.cpp — causal attention: the composite path (bmm + causal_softmax)
 // and the fused flash-style kernels: the CPU reference against formulas and fp64 finite
-// differences, its argument checks, and the CUDA kernels against the reference (FFN_GPU_TEST cases
-// skip visibly without a GPU).
+// differences, its argument checks, the CUDA kernels against the reference, and the backward's
+// rotary rotate-back (rope_base) against finite differences and the rope kernel (FFN_GPU_TEST
+// cases skip visibly without a GPU).
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/attention.h"
-#include "kernels/cuda/attention_sm90.h"
 #include "kernels/causal_softmax.h"
+#include "kernels/cuda/attention_sm90.h"
 #include "kernels/gemm.h"
+#include "kernels/rope.h"
 #include "layers/functional.h"
 #include "tests/kernels/kernel_tests.h"
 #include "tests/test_util.h"
@@ -196,7 +198,7 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
           cuda::fused_attention(xg, cs.h, scale, d, y, lse, kernel);
           Tensor g1 = Tensor::empty(xg.shape(), dt, kGpu);
           g1.fill_(std::nan(""));
-          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1, kernel);
+          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g1, 0, kernel);
           const std::vector<Tensor> fused = {y.to(Device::cpu()).to(DType::f64),
                                              g1.to(Device::cpu()).to(DType::f64)};
           const auto naive = run(kGpu, dt, false);
@@ -238,7 +240,7 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
           check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
           // Deterministic: a second backward gives the same bits.
           Tensor g2 = Tensor::empty(xg.shape(), dt, kGpu);
-          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, kernel);
+          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, 0, kernel);
           CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
                                      g2.to(Device::cpu()).to(DType::f64)) == 0.0,
                         "backward is deterministic", tag);
@@ -260,6 +262,102 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
                        doctest::Contains("[fused_attention] the Hopper kernels were asked for but "
                                          "cannot run"),
                        Error);
+}
+
+TEST_CASE("fused_attention_backward's rope_base is the gradient through rope (fp64 FD)") {
+  // L(qkv) = Σ r ⊙ attention(rope(qkv)): its gradient is the backward at rope(qkv) with
+  // rope_base (Note [Fused rotary embeddings]); central differences in f64, with and without
+  // attention dropout (the same mask both ways).
+  Generator g(27);
+  const int64_t b = 1, t = 5, h = 2, dh = 4, c = h * dh;
+  const double base = 50.0, scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  for (float p : {0.0f, 0.3f}) {
+    const DropoutSpec d{p, 7, 1};
+    const Tensor qkv = rand64({b, t, 3 * c}, g), r = rand64({b, t, c}, g);
+    auto loss = [&](const Tensor& x, Tensor* rotated = nullptr, Tensor* y_out = nullptr,
+                    Tensor* lse_out = nullptr) {
+      Tensor xr = Tensor::empty(x.shape(), DType::f64);
+      rope(x, h, h, base, false, xr);
+      Tensor y = Tensor::empty({b, t, c}, DType::f64), lse = Tensor::empty({b * h, t}, DType::f32);
+      fused_attention(xr, h, scale, d, y, lse);
+      if (rotated) *rotated = xr, *y_out = y, *lse_out = lse;
+      double sum = 0;
+      const auto yv = y.to_vector(), rv = r.to_vector();
+      for (size_t i = 0; i < yv.size(); ++i) sum += yv[i] * rv[i];
+      return sum;
+    };
+    Tensor xr, y, lse;
+    loss(qkv, &xr, &y, &lse);
+    Tensor grad = Tensor::empty(qkv.shape(), DType::f64);
+    fused_attention_backward(xr, y, r, lse, h, scale, d, grad, base);
+    const auto gv = grad.to_vector();
+    std::vector<double> xv = qkv.to_vector();
+    const double eps = 1e-6;
+    double worst = 0;
+    for (size_t i = 0; i < xv.size(); ++i) {
+      auto at = [&](double delta) {
+        std::vector<double> v = xv;
+        v[i] += delta;
+        return loss(Tensor::from_vector(v, qkv.shape(), DType::f64));
+      };
+      const double fd = (at(eps) - at(-eps)) / (2 * eps);
+      worst = std::max(worst, std::abs(fd - gv[i]) / (1.0 + std::abs(fd)));
+    }
+    CHECK_MESSAGE(worst < 1e-6, "rope_base gradient vs finite differences, p=", p, ": ", worst);
+  }
+  Tensor dq = Tensor::empty({1, 2, 18}, DType::f64);
+  CHECK_THROWS_WITH_AS(
+      fused_attention_backward(rand64({1, 2, 18}, g), rand64({1, 2, 6}, g), rand64({1, 2, 6}, g),
+                               Tensor::zeros({2, 2}, DType::f32), 2, 0.5, {}, dq, 1e4),
+      doctest::Contains("[fused_attention_backward] rope_base must be 0 (none) or > 0 with an "
+                        "even head_dim; got 10000 with head_dim 3"),
+      Error);
+}
+
+FFN_GPU_TEST("fused attention backward rotates dq and dk back in its stores (both kernels)") {
+  // Against the backward without rope_base followed by the rope kernel's inverse: the same
+  // values up to that path's extra rounding of dq and dk; dv untouched, bit for bit.
+  Generator g(28);
+  struct Case {
+    int64_t b, t, h, d;
+  };
+  for (Case cs : {Case{1, 7, 2, 64}, Case{2, 300, 2, 64}, Case{1, 130, 2, 128}, Case{2, 77, 3, 32}})
+    for (DType dt : {DType::bf16, DType::f16})
+      for (float p : {0.0f, 0.2f})
+        for (cuda::AttentionKernel kernel :
+             {cuda::AttentionKernel::mma_sync, cuda::AttentionKernel::sm90}) {
+          const int64_t c = cs.h * cs.d;
+          const Tensor qkv = rand64({cs.b, cs.t, 3 * c}, g).to(dt).to(kGpu);
+          if (kernel == cuda::AttentionKernel::sm90 && !cuda::sm90_attention_supported(qkv, cs.h))
+            continue;
+          const Tensor dy = rand64({cs.b, cs.t, c}, g).to(dt).to(kGpu);
+          const DropoutSpec d{p, 3, 8};
+          const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d)), base = 10000.0;
+          Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
+          Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
+          cuda::fused_attention(qkv, cs.h, scale, d, y, lse, kernel);
+          Tensor fused = Tensor::full(qkv.shape(), NAN, dt, kGpu), again = fused.clone();
+          Tensor plain = Tensor::empty(qkv.shape(), dt, kGpu), ref = plain.clone();
+          cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, fused, base, kernel);
+          cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, again, base, kernel);
+          cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, plain, 0, kernel);
+          rope(plain, cs.h, cs.h, base, /*inverse=*/true, ref);
+          const std::string tag = std::string(dtype_name(dt)) + " T=" + std::to_string(cs.t) +
+                                  " D=" + std::to_string(cs.d) + " p=" + std::to_string(p) +
+                                  (kernel == cuda::AttentionKernel::sm90 ? " sm90" : " mma.sync");
+          const Tensor f64 = fused.to(Device::cpu()).to(DType::f64);
+          const Tensor r64 = ref.to(Device::cpu()).to(DType::f64);
+          for (double v : f64.to_vector()) REQUIRE_MESSAGE(std::isfinite(v), tag);
+          // The reference rounds dq/dk to 16 bits, rotates and rounds again: two roundings of
+          // values at most max|dqkv|·√2 apart from the fused single one.
+          const double u = std::ldexp(1.0, dt == DType::bf16 ? -8 : -11);
+          CHECK_MESSAGE(max_abs_diff(f64, r64) <= 4 * u * max_abs(r64), "rotated back ", tag, ": ",
+                        max_abs_diff(f64, r64), " vs ", max_abs(r64));
+          CHECK_MESSAGE(max_abs_diff(f64.narrow(2, 2 * c, c), r64.narrow(2, 2 * c, c)) == 0.0,
+                        "dv untouched ", tag);
+          CHECK_MESSAGE(max_abs_diff(f64, again.to(Device::cpu()).to(DType::f64)) == 0.0,
+                        "deterministic ", tag);
+        }
 }
 
 // A small case for compute-sanitizer (tools/gpu-check attnsan; the reference test above is
@@ -285,7 +383,7 @@ FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
         Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
         Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, kGpu);
         cuda::fused_attention(qkv, h, 0.125, d, y, lse, kernel);
-        cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, kernel);
+        cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, 0, kernel);
         out[k++] = {y.to(Device::cpu()).to(DType::f64), dqkv.to(Device::cpu()).to(DType::f64)};
       }
       // Two bf16 implementations of the same math: apart by their rounding, not more.

@@ -1,9 +1,11 @@
 // tests/kernels/test_rope.cpp — rotary position embeddings: the CPU reference against the
 // half-split formula and fp64 finite differences, the inverse undoing the rotation, its
-// argument checks, and the CUDA kernel against the reference (FFN_GPU_TEST cases skip visibly
-// without a GPU).
+// argument checks, the CUDA kernel against the reference, and linear_rope (the projection
+// with the rotation, fused into the Hopper GEMM's epilogue on the GPU) against rope(x·Wᵀ)
+// (FFN_GPU_TEST cases skip visibly without a GPU).
 #include <cmath>
 
+#include "kernels/gemm.h"
 #include "kernels/rope.h"
 #include "layers/functional.h"
 #include "tests/kernels/kernel_tests.h"
@@ -84,4 +86,54 @@ FFN_GPU_TEST("rope on the GPU matches the CPU (q/k rotated, v copied, inverse), 
                                 run(DType::f32, Device::cpu()), dt, what,
                                 {.reduce_len = 2.0, .term_bound = 4 * max_abs(x)});
       }
+}
+
+TEST_CASE("linear_rope is rope(x·Wᵀ) on the CPU and checks its arguments") {
+  Generator g(53);
+  const int64_t b = 2, t = 5, h = 2, kv = 1, d = 6, c = 7, w_rows = (h + 2 * kv) * d;
+  const Tensor x = rand64({b, t, c}, g), w = rand64({w_rows, c}, g);
+  Tensor out = Tensor::empty({b, t, w_rows}, DType::f64);
+  linear_rope(x, w, h, kv, 500.0, out);
+  Tensor ref = Tensor::empty({b, t, w_rows}, DType::f64);
+  rope(matmul(x.view_2d(), w, {.trans_b = true}).reshape({b, t, w_rows}), h, kv, 500.0, false, ref);
+  CHECK(max_abs_diff(out, ref) == 0.0);
+  CHECK_THROWS_WITH_AS(linear_rope(x, rand64({w_rows, c + 1}, g), h, kv, 500.0, out),
+                       doctest::Contains("[linear_rope] x must be [B, T, C] and w"), Error);
+  Tensor out5 = Tensor::empty({b, t, 5 * 4}, DType::f64);
+  CHECK_THROWS_WITH_AS(linear_rope(x, rand64({20, c}, g), 3, 2, 500.0, out5),
+                       doctest::Contains("[linear_rope] w's 20 rows are not"), Error);
+  Tensor out3 = Tensor::empty({b, t, 4 * 3}, DType::f64);
+  CHECK_THROWS_WITH_AS(linear_rope(x, rand64({12, c}, g), 2, 1, 500.0, out3),
+                       doctest::Contains("[linear_rope] the head size must be even, got 3"), Error);
+  CHECK_THROWS_WITH_AS(linear_rope(x, w, h, kv, 0.0, out),
+                       doctest::Contains("[linear_rope] base must be > 0"), Error);
+}
+
+FFN_GPU_TEST("linear_rope on the GPU (fused epilogue and GEMM + rope) matches the CPU, odd T") {
+  // Where the own Hopper GEMM runs (head size 64 on an sm_90a build and GPU) the rotation is
+  // in its epilogue (Note [Fused rotary embeddings]); with gemm_epilogues() off, and at other
+  // head sizes, it is cuBLASLt then the rope kernel. Both against the f64 reference.
+  Generator g(54);
+  struct Case {
+    int64_t b, t, h, d, c;
+  };
+  const bool epilogues = gemm_epilogues();
+  for (const Case& cs : {Case{2, 37, 2, 64, 72}, Case{1, 256, 3, 64, 192}, Case{3, 19, 2, 32, 40}})
+    for (bool fused : {true, false}) {
+      set_gemm_epilogues(fused);
+      const int64_t n = 3 * cs.h * cs.d;
+      const Tensor x64 = rand64({cs.b, cs.t, cs.c}, g).to(DType::bf16).to(DType::f64);
+      const Tensor w64 = rand64({n, cs.c}, g).to(DType::bf16).to(DType::f64);
+      auto run = [&](DType ty, Device dev) {
+        Tensor out = Tensor::full({cs.b, cs.t, n}, NAN, ty, dev);
+        linear_rope(x64.to(ty).to(dev), w64.to(ty).to(dev), cs.h, cs.h, 10000.0, out);
+        return out;
+      };
+      const std::string what = "linear_rope T" + std::to_string(cs.t) + " D" +
+                               std::to_string(cs.d) + (fused ? " epilogues on" : " epilogues off");
+      check_against_reference(run(DType::bf16, kGpu), run(DType::f64, Device::cpu()),
+                              run(DType::f32, Device::cpu()), DType::bf16, what,
+                              {.reduce_len = 2.0 * static_cast<double>(cs.c), .term_bound = 1.0});
+    }
+  set_gemm_epilogues(epilogues);
 }

@@ -10,6 +10,7 @@
 #include "kernels/bias_glu_dropout.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
+#include "kernels/rope.h"
 #include "tests/kernels/kernel_tests.h"
 #include "tests/test_util.h"
 
@@ -191,6 +192,78 @@ FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs
   Tensor c88 = Tensor::zeros({8, 8}, DType::bf16, kGpu);
   CHECK_THROWS_WITH(cuda::sm90_gemm(probe, probe, c88, {.trans_b = true, .splits = -1}),
                     doctest::Contains("[sm90_gemm] splits must be >= 0"));
+}
+
+FFN_GPU_TEST("sm90 GEMM's rotary epilogue matches rope(x·Wᵀ + b) of the CPU reference") {
+  Generator g(74);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  // Note [Fused rotary embeddings]: rows are (b, t) with t = row % T; the first rope_cols
+  // columns are heads of 64 rotated, the rest stored as they are. T odd and not a divisor of
+  // the 128-row tile; N < 256 (BN 128) and N ≥ 256 (BN 256, two heads per 128 columns); K
+  // with a ragged last block; both schedules; with and without a bias.
+  struct Case {
+    int64_t b, t, heads, k;
+  };
+  for (const Case& cs : {Case{3, 37, 1, 72}, Case{2, 100, 2, 136}, Case{1, 300, 4, 64}})
+    for (DType dt : {DType::bf16, DType::f16}) {
+      const int64_t m = cs.b * cs.t, n = 3 * cs.heads * 64, rot = 2 * cs.heads * 64;
+      const Tensor x64 = exact(rand64({m, cs.k}, g), dt), w64 = exact(rand64({n, cs.k}, g), dt);
+      const Tensor bias64 = exact(rand64({n}, g), dt);
+      for (bool bias : {false, true}) {
+        auto reference = [&](DType type) {  // rope(x·Wᵀ + b) on the CPU in `type`
+          const Tensor z = matmul(x64.to(type), w64.to(type),
+                                  {.trans_b = true, .bias = bias ? bias64.to(type) : Tensor()});
+          Tensor out = Tensor::empty({cs.b, cs.t, n}, type);
+          rope(z.reshape({cs.b, cs.t, n}), cs.heads, cs.heads, 10000.0, false, out);
+          return out.reshape({m, n});
+        };
+        const Tensor ref = reference(DType::f64), naive = reference(DType::f32);
+        for (cuda::Sm90Schedule sched :
+             {cuda::Sm90Schedule::automatic, cuda::Sm90Schedule::pingpong}) {
+          const cuda::Sm90GemmArgs args{.trans_b = true,
+                                        .bias = bias ? bias64.to(dt).to(kGpu) : Tensor(),
+                                        .schedule = sched,
+                                        .rope_base = 10000.0,
+                                        .rope_seq = cs.t,
+                                        .rope_cols = rot};
+          Tensor out = Tensor::full({m, n}, NAN, dt, kGpu), again = out.clone();
+          cuda::sm90_gemm(x64.to(dt).to(kGpu), w64.to(dt).to(kGpu), out, args);
+          cuda::sm90_gemm(x64.to(dt).to(kGpu), w64.to(dt).to(kGpu), again, args);
+          const std::string what = std::string("sm90 rope epilogue ") + dtype_name(dt) + " T" +
+                                   std::to_string(cs.t) + " heads " + std::to_string(cs.heads) +
+                                   (bias ? " +bias" : "") +
+                                   (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : "");
+          // Each output is c·u − s·v of two length-K products: 2K terms of at most 1.
+          check_against_reference(
+              out, ref, naive, dt, what,
+              {.reduce_len = 2.0 * static_cast<double>(cs.k), .term_bound = 1.0});
+          CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+        }
+      }
+    }
+  // What it does not take says so.
+  const Tensor x = Tensor::zeros({8, 64}, DType::bf16, kGpu),
+               w = Tensor::zeros({192, 64}, DType::bf16, kGpu);
+  Tensor c = Tensor::zeros({8, 192}, DType::bf16, kGpu);
+  for (const cuda::Sm90GemmArgs& bad :
+       {cuda::Sm90GemmArgs{.trans_b = true, .rope_base = 1e4, .rope_seq = 8, .rope_cols = 100},
+        cuda::Sm90GemmArgs{.trans_b = true, .rope_base = 1e4, .rope_seq = 8, .rope_cols = 256},
+        cuda::Sm90GemmArgs{.trans_b = true, .rope_base = 1e4, .rope_seq = 0, .rope_cols = 128},
+        cuda::Sm90GemmArgs{.trans_b = true,
+        .tma_store = false,
+        .rope_base = 1e4,
+        .rope_seq = 8,
+        .rope_cols = 128}})
+    CHECK_THROWS_WITH(cuda::sm90_gemm(x, w, c, bad),
+                      doctest::Contains("[sm90_gemm] rotary embeddings in the epilogue need x·Wᵀ"));
+  Tensor c2 = Tensor::zeros({64, 64}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(
+      cuda::sm90_gemm(w, w, c2,
+                      {.trans_a = true, .rope_base = 1e4, .rope_seq = 8, .rope_cols = 128}),
+      doctest::Contains("got trans_a=1, trans_b=0"));
 }
 
 FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_dropout") {

@@ -7,7 +7,9 @@
 //
 //   StoreC          C = acc (+ bias[col]), stored from registers (any N)
 //   StoreCTma       the same through shared memory and TMA stores (N % 8 == 0): the stores
-//                   run asynchronously while the warpgroup goes on to its next tile
+//                   run asynchronously while the warpgroup goes on to its next tile; with
+//                   ROPE, the first columns (heads of 64) rotated by rotary embeddings first
+//                   (Note [Fused rotary embeddings] in layers/attention.cpp)
 //   StorePartial    split-K: fp32 partial sums into a workspace (Note [Split-K])
 //   BiasActDropout  z = round(acc) (stored if asked), hd = dropout(act(z + b1)): fc1 of the
 //                   plain FFN. z is rounded to T before the bias exactly as the unfused path
@@ -19,8 +21,9 @@
 #pragma once
 
 #include "core/cuda/types.cuh"
-#include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/activation.h"
+#include "kernels/cuda/gemm/sm90.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rowwise.cuh"  // DeviceMask
 
 namespace ffn::cuda::gemm {
@@ -139,10 +142,19 @@ struct StorePartial {
 // clips rows and columns outside C. The kernel waits for all stores before it exits
 // (epilogue_drain). The warpgroup does not wait for the global writes, so its next tile's
 // MMAs start at once.
-template <class T>
+// The rotation StoreCTma<T, true> applies: columns [0, cols) of C are heads of 64 whose
+// row r is at sequence position r % t; table is rope_table(dev, t, 64, base) ([t, 32]).
+struct RopeEpi {
+  const float2* table = nullptr;
+  int t = 0;
+  int cols = 0;
+};
+
+template <class T, bool ROPE = false>
 struct StoreCTma {
   const T* bias;  // optional [n]
   int n;
+  RopeEpi rope{};  // ROPE only
 
   template <int BN, int ROWS>
   static constexpr int kScratchBytes = 2 * 64 * 64 * 2;
@@ -155,19 +167,27 @@ struct StoreCTma {
       uint8_t* buf = t.scratch + (q & 1) * (64 * 64 * 2);
       if (t.wg_thread == 0) tma_store_wait_read<1>();
       named_barrier_sync(t.barrier, 128);
+      float v[32];  // the subtile's values: v[4j + e] row r, v[4j + 2 + e] row r + 8
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int i = 4 * (8 * q + j);
-        float v0 = acc[i], v1 = acc[i + 1], v2 = acc[i + 2], v3 = acc[i + 3];
+        v[4 * j] = acc[i], v[4 * j + 1] = acc[i + 1], v[4 * j + 2] = acc[i + 2];
+        v[4 * j + 3] = acc[i + 3];
         if (bias) {
           const int col = t.col0 + 64 * q + 8 * j;
           const float b0 = col < n ? to_acc(__ldg(bias + col)) : 0.0f;
           const float b1 = col + 1 < n ? to_acc(__ldg(bias + col + 1)) : 0.0f;
-          v0 += b0, v1 += b1, v2 += b0, v3 += b1;
+          v[4 * j] += b0, v[4 * j + 1] += b1, v[4 * j + 2] += b0, v[4 * j + 3] += b1;
         }
+      }
+      if constexpr (ROPE)
+        if (t.cols + 64 * q < rope.cols) rotate(v, t.rows + r, lane);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
         const int off = ((j ^ (r & 7)) << 4) + 4 * (lane % 4);
-        store_pair(reinterpret_cast<T*>(buf + r * 128 + off), true, true, v0, v1);
-        store_pair(reinterpret_cast<T*>(buf + (r + 8) * 128 + off), true, true, v2, v3);
+        store_pair(reinterpret_cast<T*>(buf + r * 128 + off), true, true, v[4 * j], v[4 * j + 1]);
+        store_pair(reinterpret_cast<T*>(buf + (r + 8) * 128 + off), true, true, v[4 * j + 2],
+                   v[4 * j + 3]);
       }
       fence_proxy_async_smem();
       named_barrier_sync(t.barrier, 128);
@@ -175,6 +195,22 @@ struct StoreCTma {
         tma_store_2d(t.c_map, buf, t.cols + 64 * q, t.rows);
         tma_store_commit();
       }
+    }
+  }
+
+  // One head's 64 columns of rows `row` and row + 8: the lane's column 8j + 2(lane % 4) + e
+  // (j < 4) pairs with the same one 32 columns on, which is j + 4 in the same lane.
+  __device__ __forceinline__ void rotate(float (&v)[32], int row, int lane) const {
+    const float2* cs0 = rope.table + static_cast<int64_t>(row % rope.t) * 32 + 2 * (lane % 4);
+    const float2* cs1 = rope.table + static_cast<int64_t>((row + 8) % rope.t) * 32 + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(cs0 + 8 * j));
+      const float4 b = __ldg(reinterpret_cast<const float4*>(cs1 + 8 * j));
+      rope_rotate(v[4 * j], v[4 * j + 16], a.x, a.y, 1.0f);
+      rope_rotate(v[4 * j + 1], v[4 * j + 17], a.z, a.w, 1.0f);
+      rope_rotate(v[4 * j + 2], v[4 * j + 18], b.x, b.y, 1.0f);
+      rope_rotate(v[4 * j + 3], v[4 * j + 19], b.z, b.w, 1.0f);
     }
   }
 };

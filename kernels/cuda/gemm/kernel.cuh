@@ -206,8 +206,8 @@ inline CUtensorMap tensor_map(const Tensor& t, int box_rows) {
 // Epilogues that store C (and C2) through TMA need tensor maps of them.
 template <class Epi>
 struct StoresWithTma : std::false_type {};
-template <class T>
-struct StoresWithTma<StoreCTma<T>> : std::true_type {};
+template <class T, bool ROPE>
+struct StoresWithTma<StoreCTma<T, ROPE>> : std::true_type {};
 template <class T, Activation A, bool B>
 struct StoresWithTma<ActTma<T, A, B>> : std::true_type {};
 

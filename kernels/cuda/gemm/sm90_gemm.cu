@@ -90,7 +90,7 @@ void dispatch_fused(const Tensor& a, const Tensor& b, const Tensor& c,
 // A plain product: C (+ bias) stored straight, or through split-K's workspace and reduce.
 template <class T, bool A_MN, bool B_MN>
 void dispatch_plain(const Tensor& a, const Tensor& b, Tensor& c, const T* bias, bool tma,
-                    Sm90Schedule schedule, int forced_splits) {
+                    Sm90Schedule schedule, int forced_splits, const RopeEpi& rope) {
   const int dev = a.device().index;
   const int64_t m = c.size(0), n = c.size(1), k = A_MN ? a.size(0) : a.size(1);
   const Tiling t =
@@ -108,6 +108,12 @@ void dispatch_plain(const Tensor& a, const Tensor& b, Tensor& c, const T* bias, 
         static_cast<T*>(c.data_ptr()));
     FFN_CHECK_CUDA(cudaGetLastError());
     return;
+  }
+  if constexpr (!A_MN && !B_MN) {  // x·Wᵀ, the only layout the rotation is built for
+    if (rope.table) {
+      launch_tiling<T, A_MN, B_MN>(a, b, c, StoreCTma<T, true>{bias, static_cast<int>(n), rope}, t);
+      return;
+    }
   }
   if (tma)
     launch_tiling<T, A_MN, B_MN>(a, b, c, StoreCTma<T>{bias, static_cast<int>(n)}, t);
@@ -158,10 +164,25 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
             "[sm90_gemm] the act_warpgroups schedule is for the activation epilogues only");
   const bool tma = args.tma_store && n % 8 == 0 && gemm::aligned16(c.data_ptr());
   FFN_CHECK(args.splits >= 0, "[sm90_gemm] splits must be >= 0 (0: automatic), got ", args.splits);
+  gemm::RopeEpi rope;
+  if (args.rope_base > 0) {
+    FFN_CHECK(!args.trans_a && args.trans_b && tma && args.rope_cols > 0 &&
+                  args.rope_cols % 64 == 0 && args.rope_cols <= n && args.rope_seq > 0,
+              "[sm90_gemm] rotary embeddings in the epilogue need x·Wᵀ stored through TMA (n % 8 "
+              "== 0, 16-byte aligned C), rope_cols a positive multiple of 64 up to n and "
+              "rope_seq > 0; got trans_a=",
+              args.trans_a, ", trans_b=", args.trans_b, ", n=", n, ", rope_cols=", args.rope_cols,
+              ", rope_seq=", args.rope_seq);
+    const int dev = a.device().index;
+    rope = {
+        static_cast<const float2*>(rope_table(dev, args.rope_seq, 64, args.rope_base).data_ptr()),
+        static_cast<int>(args.rope_seq), static_cast<int>(args.rope_cols)};
+  }
   // A is MN-major when transposed; B is K-major when transposed ([n, k] rows of K).
   auto run = [&]<class T, bool A_MN, bool B_MN>() {
     const T* bias = args.bias.defined() ? static_cast<const T*>(args.bias.data_ptr()) : nullptr;
-    gemm::dispatch_plain<T, A_MN, B_MN>(a, b, c, bias, tma, args.schedule, args.splits);
+    gemm::dispatch_plain<T, A_MN, B_MN>(a, b, c, bias, tma, args.schedule,
+                                        rope.table ? 1 : args.splits, rope);
   };
   auto by_layout = [&]<class T>() {
     if (!args.trans_a && args.trans_b)

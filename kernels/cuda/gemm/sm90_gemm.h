@@ -33,6 +33,14 @@ struct Sm90GemmArgs {
   // Split-K (Note [Split-K]): 0 lets the shape decide (only products with fewer tiles than
   // SMs split), 1 never splits, s > 1 cuts K into s parts (at most one per K block).
   int splits = 0;
+  // Rotary embeddings in the epilogue (Note [Fused rotary embeddings] in
+  // layers/attention.cpp): with rope_base > 0 the first rope_cols columns of C, heads of 64,
+  // are rotated as kernels/rope.h's forward (after the bias), row r at sequence position r %
+  // rope_seq. Only for x·Wᵀ (trans_b, not trans_a) stored through TMA (n % 8 == 0, C 16-byte
+  // aligned), never split; rope_cols a multiple of 64 and at most n, rope_seq > 0.
+  double rope_base = 0;
+  int64_t rope_seq = 0;
+  int64_t rope_cols = 0;
 };
 
 // True when the GEMM can run these operands: an sm_90 GPU and a build with sm_90a code,
