@@ -330,7 +330,7 @@ constexpr size_t dkv_smem() {  // K, V, two Q and two dY tiles, [2] lse and D, m
 }
 
 // dq kernel; also writes dsum[bh·T + i] = D_i = dy_i·y_i for dkv.
-template <class T, int D>
+template <class T, int D, bool ROPE>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_bwd_dq_kernel(const T* qkv, const T* y, const T* dy, const float* lse, float* dsum,
                        T* dqkv, int64_t t, int heads, float scale, DeviceMask mask,
@@ -432,10 +432,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     mma_pb<D>(dq, pf, ks, lane);
   }
   store_acc<D>(dq, scale, scale, dqkv + b * t * ld + static_cast<int64_t>(h) * D, ld, qw, t, lane,
-               rope);
+               ROPE ? rope : nullptr);
 }
 
-template <class T, int D>
+template <class T, int D, bool ROPE>
 __global__ void __launch_bounds__(kWarps * 32)
     attn_bwd_dkv_kernel(const T* qkv, const T* dy, const float* lse, const float* dsum, T* dqkv,
                         int64_t t, int heads, float scale, DeviceMask mask, const float2* rope) {
@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
   cp_wait_all();
   T* dkg = dqkv + b * t * ld + static_cast<int64_t>(heads + h) * D;
-  store_acc<D>(dk, scale, scale, dkg, ld, kw, t, lane, rope);
+  store_acc<D>(dk, scale, scale, dkg, ld, kw, t, lane, ROPE ? rope : nullptr);
   store_acc<D>(dv, 1.0f, 1.0f, dkg + ldy, ld, kw, t, lane);
 }
 
@@ -659,18 +659,27 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
                     : nullptr;
   with_half(qkv.dtype(), [&]<class H>() {
     using T = device_t<H>;
-    with_head_dim(hd, [&]<int D>() {
+    // The rotation is a template argument: the kernels without it carry none of its code.
+    auto launch = [&]<int D, bool ROPE>() {
       const dim3 grid(static_cast<unsigned>(b * heads), static_cast<unsigned>((t + kTile - 1) / kTile));
-      allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dq_kernel<T, D>), dq_smem<D>());
-      attn_bwd_dq_kernel<T, D><<<grid, kWarps * 32, dq_smem<D>(), stream(dev)>>>(
+      allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dq_kernel<T, D, ROPE>),
+                         dq_smem<D>());
+      attn_bwd_dq_kernel<T, D, ROPE><<<grid, kWarps * 32, dq_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(y), dptr<T>(dy), lse.data<float>(), dsum.data<float>(),
           dptr<T>(dqkv), t, static_cast<int>(heads), static_cast<float>(scale), mask, rope);
       FFN_CHECK_LAUNCH();
-      allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dkv_kernel<T, D>), dkv_smem<D>());
-      attn_bwd_dkv_kernel<T, D><<<grid, kWarps * 32, dkv_smem<D>(), stream(dev)>>>(
+      allow_dynamic_smem(reinterpret_cast<const void*>(attn_bwd_dkv_kernel<T, D, ROPE>),
+                         dkv_smem<D>());
+      attn_bwd_dkv_kernel<T, D, ROPE><<<grid, kWarps * 32, dkv_smem<D>(), stream(dev)>>>(
           dptr<T>(qkv), dptr<T>(dy), lse.data<float>(), dsum.data<float>(), dptr<T>(dqkv), t,
           static_cast<int>(heads), static_cast<float>(scale), mask, rope);
       FFN_CHECK_LAUNCH();
+    };
+    with_head_dim(hd, [&]<int D>() {
+      if (rope)
+        launch.template operator()<D, true>();
+      else
+        launch.template operator()<D, false>();
     });
   });
 }

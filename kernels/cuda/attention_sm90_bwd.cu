@@ -140,7 +140,7 @@ __device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, in
   store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane, rope);
 }
 
-template <class T, bool DROP>
+template <class T, bool DROP, bool ROPE>
 __global__ void __launch_bounds__(kThreads, 1)
     dq_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
               const __grid_constant__ CUtensorMap dy128, const T* y, const T* dy, const float* lse,
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int nkt;
         unit(u, bh, q0, nkt);
         dq_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0,
-                            nkt, mask, rope);
+                            nkt, mask, ROPE ? rope : nullptr);
         return nkt;
       });
 #endif
@@ -303,7 +303,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
 }
 
-template <class T, bool DROP>
+template <class T, bool DROP, bool ROPE>
 __global__ void __launch_bounds__(kThreads, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
                const __grid_constant__ CUtensorMap qkv64, const __grid_constant__ CUtensorMap dy64,
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int nit;
         unit(u, bh, k0, nit);
         dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
-                             mask, rope);
+                             mask, ROPE ? rope : nullptr);
         return nit;
       });
 #endif
@@ -365,18 +365,25 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const float2* rope =
       rope_base > 0 ? static_cast<const float2*>(rope_table(dev, t, kD, rope_base).data_ptr())
                     : nullptr;
-  with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
-    allow_dynamic_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP>), BwdPipe::kSmem);
-    dq_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+  // The rotation is a template argument: the kernels without it carry none of its code.
+  auto launch = [&]<class T, bool DROP, bool ROPE>() {
+    allow_dynamic_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP, ROPE>), BwdPipe::kSmem);
+    dq_kernel<T, DROP, ROPE><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy128, static_cast<const T*>(y.data_ptr()), static_cast<const T*>(dy.data_ptr()),
         lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, units, mask,
         rope);
     FFN_CHECK_LAUNCH();
-    allow_dynamic_smem(reinterpret_cast<const void*>(dkv_kernel<T, DROP>), BwdPipe::kSmem);
-    dkv_kernel<T, DROP><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+    allow_dynamic_smem(reinterpret_cast<const void*>(dkv_kernel<T, DROP, ROPE>), BwdPipe::kSmem);
+    dkv_kernel<T, DROP, ROPE><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g,
         units, mask, rope);
     FFN_CHECK_LAUNCH();
+  };
+  with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
+    if (rope)
+      launch.template operator()<T, DROP, true>();
+    else
+      launch.template operator()<T, DROP, false>();
   });
 }
 
