@@ -28,7 +28,9 @@
 //                   the norm of a, in one pass (x and h read once, a written and not read
 //                   back);
 //   BranchGrad:     the norm's backward, which finishes a's gradient dx (it accumulates last,
-//                   Note [Accumulating backward]), also writes dh = dropout_add_backward(dx),
+//                   Note [Accumulating backward]; or, for the last block's add, whose only
+//                   user is the final norm, writes all of it), also writes dh =
+//                   dropout_add_backward(dx),
 //                   the branch's gradient, so the add's backward needs no pass of its own;
 //                   and, asked for dh_sum, the column sums of dh: the bias gradient of the
 //                   Linear (attention's projection) or FFN (fc2) that made h, so that

@@ -273,9 +273,12 @@ class LayerNormNode final : public Node {
     if (inputs[2].defined() && inputs[2].requires_grad())
       db = Tensor::empty(w.shape(), w.dtype(), w.device());
     // x = res + dropout(h) and this sum is final: the add's branch gradient comes out of the
-    // same pass (Note [Residual add and norm]).
-    auto* add = into_sum && sums_final[0] ? dynamic_cast<DropoutAddNode*>(inputs[0].grad_fn().get())
-                                          : nullptr;
+    // same pass (Note [Residual add and norm]). Also where dx is all of x's gradient and
+    // written fresh (no sum yet, no node left that feeds x: the last block's add before the
+    // final norm); the add then gets dx itself as its d_out.
+    auto* add = dx.defined() && !sums_final.empty() && sums_final[0] && (into_sum || !sum)
+                    ? dynamic_cast<DropoutAddNode*>(inputs[0].grad_fn().get())
+                    : nullptr;
     Tensor dh;
     BranchGrad branch;
     if (add && add->wants_branch_grad() && add->inputs[1].value().dtype() == w.dtype()) {
@@ -300,7 +303,7 @@ class LayerNormNode final : public Node {
     else
       layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
                           dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum, br);
-    if (br) add->set_branch_grad(dh, sum->data_ptr());
+    if (br) add->set_branch_grad(dh, into_sum ? sum->data_ptr() : dx.data_ptr());
     if (dh_sum.defined()) maker->set_bias_grad_of_output(dh_sum, dh.data_ptr());
     if (dx.defined() && !into_sum) g[0] = dx.reshape(x.shape());
     g[1] = dw;

@@ -351,29 +351,39 @@ TEST_CASE("add_layer_norm and the branch gradient equal the separate ops; FD thr
 // Note [Branch bias gradient]: the Linear that makes h takes its bias gradient from the
 // norm's backward; FD checks catch a wrong hand-over, also when h has a second user whose
 // gradient the engine sums with dh (downstream, or upstream: feeding the add's other input,
-// where its gradient lands in dh's own buffer after the add has run).
+// where its gradient lands in dh's own buffer after the add has run). a_use: how the add's
+// output a is used besides the norm: 0 by the next residual add (the norm's dx adds into
+// that sum), 1 not at all (the last block's add before the final norm: dx is written fresh
+// and is the add's whole gradient), 2 and 3 by a Linear whose gradient the engine sums
+// after or before the norm's (the norm must not hand dh over where dx is not final).
 TEST_CASE(
     "the branch's bias gradient from the norm's backward passes FD checks, h with other users") {
   Generator g(43);
-  for (int user : {0, 1, 2})
-    for (float p : {0.0f, 0.3f}) {
-      const DropoutSpec d{p, 11, 5};
-      std::vector<Tensor> inputs{rand64({2, 3, 4}, g), rand64({8, 4}, g), rand64({8}, g),
-                                 rand64({2, 3, 8}, g), rand64({8}, g),    rand64({8}, g)};
-      std::vector<std::string> names{"x", "w", "b", "res", "ln_w", "ln_b"};
-      if (user > 0) inputs.push_back(rand64({8, 8}, g)), names.push_back("w2");
-      gradcheck(
-          [&](const std::vector<Var>& in) {
-            const Var h = fn::linear(in[0], in[1], in[2]);
-            Var res = in[3];
-            if (user == 2) res = fn::add(res, fn::linear(h, in[6], Var()));
-            const auto [a, y] = fn::add_layer_norm(res, h, d, in[4], in[5], 1e-5, false);
-            Var out = fn::dropout_add(a, y, {});
-            if (user == 1) out = fn::add(out, fn::linear(h, in[6], Var()));
-            return out;
-          },
-          inputs, names);
-    }
+  for (int a_use : {0, 1, 2, 3})
+    for (int user : {0, 1, 2})
+      for (float p : {0.0f, 0.3f}) {
+        const DropoutSpec d{p, 11, 5};
+        std::vector<Tensor> inputs{rand64({2, 3, 4}, g), rand64({8, 4}, g), rand64({8}, g),
+                                   rand64({2, 3, 8}, g), rand64({8}, g),    rand64({8}, g)};
+        std::vector<std::string> names{"x", "w", "b", "res", "ln_w", "ln_b"};
+        if (user > 0) inputs.push_back(rand64({8, 8}, g)), names.push_back("w2");
+        const size_t w3 = inputs.size();
+        if (a_use >= 2) inputs.push_back(rand64({8, 8}, g)), names.push_back("w3");
+        gradcheck(
+            [&](const std::vector<Var>& in) {
+              const Var h = fn::linear(in[0], in[1], in[2]);
+              Var res = in[3];
+              if (user == 2) res = fn::add(res, fn::linear(h, in[6], Var()));
+              const auto [a, y] = fn::add_layer_norm(res, h, d, in[4], in[5], 1e-5, false);
+              Var out = a_use == 0   ? fn::dropout_add(a, y, {})
+                        : a_use == 1 ? y
+                        : a_use == 2 ? fn::add(y, fn::linear(a, in[w3], Var()))
+                                     : fn::add(fn::linear(a, in[w3], Var()), y);
+              if (user == 1) out = fn::add(out, fn::linear(h, in[6], Var()));
+              return out;
+            },
+            inputs, names);
+      }
 }
 
 // The GPU's fused kernels (C % 8 == 0, C <= 1024: one pass) and the general path (C = 7: the
