@@ -57,6 +57,14 @@ double median_ms(int dev, int warmup, int iters, F&& body) {
   return cuda::median_event_ms(cuda::stream(dev), warmup, iters, body);
 }
 
+// The comparisons whose columns say "cuBLASLt" run gemm() on cuBLASLt alone (Note [Own GEMM
+// in gemm()]); the workloads and their floor run it as training does.
+struct CublasLtOnly {
+  OwnGemm saved = own_gemm();
+  CublasLtOnly() { set_own_gemm(OwnGemm::never); }
+  ~CublasLtOnly() { set_own_gemm(saved); }
+};
+
 // Times each fused elementwise kernel of a workload alone and prints its effective
 // bandwidth next to a device-to-device copy of the same bytes (the ceiling).
 void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iters) {
@@ -110,6 +118,7 @@ void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iter
 // For each place a cuBLASLt epilogue could replace one of our kernels, times both ways
 // on the workload's shapes (dropout off: the epilogues cannot apply a mask).
 void epilogue_comparison(const bench::Workload& w, int device, int warmup, int iters) {
+  const CublasLtOnly cublaslt_only;
   if (!w.d_out || w.gated) return;  // no fc2, or GLU (cuBLASLt has no GLU epilogue)
   const Device dev = Device::cuda(device);
   Generator g(8);
@@ -183,6 +192,7 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 // dyᵀ·x ("wgrad", TN); then the fused fc1 (GEMM + bias + GELU + dropout in the epilogue)
 // against cuBLASLt + bias_act_dropout.
 void gemm_comparison(int device, int warmup, int iters) {
+  const CublasLtOnly cublaslt_only;
   const Device dev = Device::cuda(device);
   struct Shape3 {
     const char* name;
@@ -302,6 +312,7 @@ void gemm_comparison(int device, int warmup, int iters) {
 // with db1; the bare GEMMs). Then GPT-2's weight
 // gradients with the bias gradient through cuBLASLt's BGRADB against GEMM + bias_grad.
 void act_epilogue_bench(int device, int warmup, int iters) {
+  const CublasLtOnly cublaslt_only;
   const Device dev = Device::cuda(device);
   struct Fc1 {
     const char* name;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "core/names.h"
 #include "kernels/activation.h"
 
 namespace ffn {
@@ -96,6 +97,28 @@ bool env_switch(std::atomic<int>& v, const char* name) {
   return x == 1;
 }
 }  // namespace
+
+namespace {
+constexpr NameOf<OwnGemm> kOwnGemmNames[] = {
+    {OwnGemm::never, "never"}, {OwnGemm::tuned, "tuned"}, {OwnGemm::always, "always"}};
+std::atomic<int> g_own{-1};  // -1: not decided yet (read FFN_OWN_GEMM)
+}  // namespace
+
+void set_own_gemm(OwnGemm mode) {
+  g_own = static_cast<int>(mode);
+}
+
+OwnGemm own_gemm() {
+  int x = g_own.load();
+  if (x < 0) {
+    const char* e = std::getenv("FFN_OWN_GEMM");
+    const auto v = e ? value_of(kOwnGemmNames, e) : std::optional<OwnGemm>(OwnGemm::tuned);
+    FFN_CHECK(v, "[gemm] FFN_OWN_GEMM must be ", names_list(kOwnGemmNames), ", got \"", e, "\"");
+    x = static_cast<int>(*v);
+    g_own = x;
+  }
+  return static_cast<OwnGemm>(x);
+}
 
 void set_gemm_epilogues(bool on) {
   g_epilogues = on ? 1 : 0;

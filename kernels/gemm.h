@@ -4,7 +4,8 @@
 // op(x) = xᵀ when the matching trans flag is set. All tensors 2-D and
 // row-major; a and b may be any (contiguous) views, c must be contiguous. c is
 // overwritten when beta = 0 and accumulated into (+=) otherwise.
-// CPU: Eigen, f64/f32. CUDA: cuBLASLt, f32/bf16/f16 with fp32 accumulation.
+// CPU: Eigen, f64/f32. CUDA: cuBLASLt, f32/bf16/f16 with fp32 accumulation, or for bf16/f16
+// products where it was timed faster our own Hopper GEMM (Note [Own GEMM in gemm()]).
 // a and b share one dtype; c has it too, except that on the GPU c may be f32 for bf16/f16
 // a and b (no bias, no epilogue): the product then lands, and accumulates with beta = 1, in
 // fp32 storage (the fused classifier sums its weight gradient over chunks this way).
@@ -50,28 +51,54 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args = {}
 void set_gemm_autotune(bool on);
 bool gemm_autotune();
 
+// Which products gemm() may run on fused-ffn's own Hopper GEMM (kernels/cuda/gemm/, Note
+// [Own GEMM in gemm()]) instead of cuBLASLt: never; tuned (the default), where the autotuner
+// timed it faster than cuBLASLt's candidates; always, every product it can run (for A/B
+// runs and tests). FFN_OWN_GEMM = never | tuned | always sets it for a whole program.
+enum class OwnGemm : uint8_t { never, tuned, always };
+void set_own_gemm(OwnGemm mode);
+OwnGemm own_gemm();  // throws, naming the variable, on an FFN_OWN_GEMM it does not know
+
+// Note [Own GEMM in gemm()]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// The own GEMM runs a gemm() call when the product is one it takes (sm90_gemm_supported: an
+// sm_90 GPU with sm_90a code, bf16/f16 a, b and c, 16-byte aligned operands and rows), it is
+// not batched, has no epilogue but an optional bias, and the call has alpha = 1 and beta =
+// 0; any other call of the same shape runs cuBLASLt's algorithm for it. With autotuning the
+// first call of a large product times its cooperative and ping-pong schedules (unsplit) and
+// its automatic one (which may split K, by the shape and the SM count: Note [Split-K])
+// beside cuBLASLt's candidates, each the median of three runs of four back-to-back launches
+// (so the host's launch time is not counted), and the fastest runs from then on. The choice
+// is part of Note [GEMM choices]: a resumed run and every rank under data parallelism run the
+// same kernel with the same schedule.
+
 // Note [GEMM choices]
 // ~~~~~~~~~~~~~~~~~~~
 // With autotuning on, the first call of each large product (m·n·k ≥ 2^30) times cuBLASLt's
-// top candidates and keeps the fastest for the process. Another process may time them
-// differently and so compute in other last bits, which would break bit-exact resume.
-// gemm_choices() writes this process's timed (and restored) choices as text: a header with
-// the cuBLASLt version and the GPU's compute capability, then one line per product (batch,
-// m, n, k, transposes, cuBLASLt epilogue, dtypes, pointer alignment and the algorithm's 64
-// bytes, which cuBLASLt documents as serializable for the same library version).
+// top candidates (and the own GEMM's schedules, Note [Own GEMM in gemm()]) and keeps the
+// fastest for the process. Another process may time them differently and so compute in
+// other last bits, which would break bit-exact resume. gemm_choices() writes this process's
+// timed (and restored) choices as text: a header with the cuBLASLt version, the GPU's
+// compute capability and SM count, then one line per product (batch, m, n, k, transposes,
+// cuBLASLt epilogue, dtypes, pointer alignment and the algorithm's 64 bytes, which cuBLASLt
+// documents as serializable for the same library version; then "sm90 cooperative", "sm90
+// pingpong" or "sm90 automatic" where the own GEMM was chosen). Version 1 files (before the
+// own GEMM could be chosen) have neither that field nor the SM count and still read.
 // restore_gemm_choices() makes this process use them for those products instead of timing
 // (each checked with cublasLtMatmulAlgoCheck; one it rejects is timed and counted); with
 // `replace`, plans already made take them too. A file from another cuBLASLt version or GPU
 // restores nothing and says why. The trainer stores the text in every checkpoint
 // (train/checkpoint.h) and restores it on resume, and under data parallelism every rank
 // takes rank 0's choices after the first step, so autotuning is on by default for training
-// and resume stays bit-exact.
+// and resume stays bit-exact. Under FFN_OWN_GEMM = never a restored own-GEMM choice runs
+// cuBLASLt's algorithm of the same line instead.
 struct RestoredGemmChoices {
   int64_t count = 0;    // products restored
   std::string skipped;  // why none were, when the header did not match
 };
 struct GemmChoiceStats {
   int64_t timed = 0;     // plans chosen by timing
+  int64_t own = 0;       // plans that run the own GEMM (Note [Own GEMM in gemm()])
   int64_t restored = 0;  // plans that took a restored choice
   int64_t rejected = 0;  // restored choices cuBLASLt refused (those plans were timed instead)
 };

@@ -10,7 +10,9 @@
 // candidate alone was up to 24% slower than PyTorch's choice on geglu_d1024's
 // GEMMs, H100); FFN_GEMM_TUNE=0 turns that off. The choice is fixed for the rest of
 // the process, so repeated steps stay bitwise identical, and can be carried to another
-// process (Note [GEMM choices]: a resumed run). fp32 runs in true fp32
+// process (Note [GEMM choices]: a resumed run). Where our own Hopper GEMM can run a
+// bf16/f16 product, the timing includes it and a plan may run it instead of cuBLASLt (Note
+// [Own GEMM in gemm()] in kernels/gemm.h). fp32 runs in true fp32
 // (no TF32); bf16/f16 use fp32 accumulation; f64 runs in f64. A cached plan's bias
 // pointer is set per call, so GEMMs on one device are issued from one thread (the
 // owner of its compute stream, Note [One compute stream]).
@@ -24,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <vector>
@@ -31,7 +34,9 @@
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/cuda/timer.h"
+#include "core/names.h"
 #include "kernels/bias_act_dropout.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
 
 namespace ffn::cuda {
@@ -48,8 +53,10 @@ struct Key {
   DType in;     // a's and b's (c's, or bf16/f16 under an f32 c)
   int align;  // min alignment (bytes, up to 16) of the pointers
   bool tuned;  // planned with autotuning on (a program may switch it; benchmarks time both)
+  OwnGemm own;  // the own-GEMM mode it was planned under (likewise)
+  bool own_ok;  // the own GEMM can run this product (Note [Own GEMM in gemm()])
   auto tie() const {
-    return std::tie(device, batch, m, n, k, ta, tb, epi, dtype, in, align, tuned);
+    return std::tie(device, batch, m, n, k, ta, tb, epi, dtype, in, align, tuned, own, own_ok);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -96,29 +103,53 @@ cublasLtEpilogue_t epilogue_of(const GemmArgs& args) {
 // candidates timed here, or a choice restored from another process (Note [GEMM choices]).
 enum class Chosen : uint8_t { heuristic, timed, restored };
 
+// The kernel a plan runs for calls the own GEMM can take (Note [Own GEMM in gemm()]):
+// cuBLASLt's algorithm, or the own GEMM with one schedule (automatic: its own choice from the
+// shape and the SM count, what OwnGemm::always runs).
+enum class Engine : uint8_t { cublaslt, sm90_cooperative, sm90_pingpong, sm90_automatic };
+constexpr NameOf<Engine> kEngineNames[] = {{Engine::sm90_cooperative, "cooperative"},
+                                           {Engine::sm90_pingpong, "pingpong"},
+                                           {Engine::sm90_automatic, "automatic"}};
+
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algo{};  // also for calls the own GEMM does not take (beta != 0, ...)
   Chosen chosen = Chosen::heuristic;
+  Engine engine = Engine::cublaslt;
+};
+
+// One line of a choices file (Note [GEMM choices]).
+struct Choice {
+  cublasLtMatmulAlgo_t algo{};
+  Engine engine = Engine::cublaslt;
 };
 
 std::mutex g_mu;
 std::map<Key, Plan> g_plans;
-std::map<Shape, cublasLtMatmulAlgo_t> g_restored;  // Note [GEMM choices]
+std::map<Shape, Choice> g_restored;  // Note [GEMM choices]
 GemmChoiceStats g_stats;
 
-// Note [GEMM choices]: `plan` takes the restored `algo` if cuBLASLt accepts it for the plan's
-// product within our workspace (counted as restored), else keeps what it has (rejected).
-bool take_restored(const Key& key, Plan& plan, const cublasLtMatmulAlgo_t& algo) {
+// The engine a plan of `key` runs given the engine it was timed or restored with: only what
+// the mode allows and the product can take.
+Engine allowed(const Key& key, Engine e) {
+  if (!key.own_ok || key.own == OwnGemm::never) return Engine::cublaslt;
+  return key.own == OwnGemm::always ? Engine::sm90_automatic : e;
+}
+
+// Note [GEMM choices]: `plan` takes the restored choice if cuBLASLt accepts its algorithm for
+// the plan's product within our workspace (counted as restored), else keeps what it has
+// (rejected).
+bool take_restored(const Key& key, Plan& plan, const Choice& choice) {
   cublasLtMatmulHeuristicResult_t check{};
-  if (cublasLtMatmulAlgoCheck(cublaslt(key.device), plan.op, plan.a, plan.b, plan.c, plan.c, &algo,
-                              &check) != CUBLAS_STATUS_SUCCESS ||
+  if (cublasLtMatmulAlgoCheck(cublaslt(key.device), plan.op, plan.a, plan.b, plan.c, plan.c,
+                              &choice.algo, &check) != CUBLAS_STATUS_SUCCESS ||
       check.workspaceSize > workspace_bytes()) {
     ++g_stats.rejected;
     return false;
   }
-  plan.algo = algo;
+  plan.algo = choice.algo;
+  plan.engine = allowed(key, choice.engine);
   plan.chosen = Chosen::restored;
   ++g_stats.restored;
   return true;
@@ -154,7 +185,6 @@ bool tuning_enabled() {
   return gemm_autotune();
 }
 
-// Median time of `algo` over a few runs writing a scratch output (beta = 0).
 void set_pointers(const Plan& p, const Call& call) {
   if (call.vec)
     FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -164,6 +194,18 @@ void set_pointers(const Plan& p, const Call& call) {
                                                     &call.aux, sizeof(call.aux)));
 }
 
+// Note [Own GEMM in gemm()]: milliseconds per launch of `run`, the median of three runs of
+// four back-to-back launches after one untimed run, so that the host's time to launch is
+// hidden behind the GPU's work as it is in a training step.
+template <class F>
+float time_launches(cudaStream_t s, F&& run) {
+  const auto four = [&] {
+    for (int i = 0; i < 4; ++i) run();
+  };
+  return static_cast<float>(median_event_ms(s, 1, 3, four) / 4);
+}
+
+// The time of `algo` writing a scratch output (beta = 0).
 float time_algo(const Key& key, Plan& p, const cublasLtMatmulAlgo_t& algo, const void* a,
                 const void* b, void* scratch) {
   const float one = 1.0f, zero = 0.0f;
@@ -177,10 +219,27 @@ float time_algo(const Key& key, Plan& p, const cublasLtMatmulAlgo_t& algo, const
                           scratch, p.c, &algo, workspace(key.device), workspace_bytes(), s);
   };
   if (run() != CUBLAS_STATUS_SUCCESS) return INFINITY;
-  return median_event_ms(s, 0, 3, run);
+  return time_launches(s, run);
 }
 
-Plan make_plan(const Key& key, const Call& call) {
+// The operands of the call that makes a plan, for timing the own GEMM on them.
+struct OwnCall {
+  const Tensor& a;
+  const Tensor& b;
+  const Tensor& bias;
+};
+
+Sm90GemmArgs own_args(const Key& key, const Tensor& bias, Engine e) {
+  return {.trans_a = key.ta,
+          .trans_b = key.tb,
+          .bias = bias,
+          .schedule = e == Engine::sm90_cooperative ? Sm90Schedule::cooperative
+                      : e == Engine::sm90_pingpong  ? Sm90Schedule::pingpong
+                                                    : Sm90Schedule::automatic,
+          .splits = e == Engine::sm90_automatic ? 0 : 1};
+}
+
+Plan make_plan(const Key& key, const Call& call, const OwnCall& own) {
   Plan p;
   const cudaDataType_t dt = cuda_type(key.dtype);
   const bool f64 = key.dtype == DType::f64;
@@ -249,12 +308,17 @@ Plan make_plan(const Key& key, const Call& call) {
             " k=", key.k, (key.ta ? " Aᵀ" : ""), (key.tb ? " Bᵀ" : ""), " (alignment ", key.align,
             " bytes): ", cublasGetStatusString(st));
   p.algo = results[0].algo;
+  p.engine = allowed(key, Engine::cublaslt);  // the own GEMM under OwnGemm::always
+  const bool time_own = p.engine == Engine::cublaslt && key.own_ok && key.own == OwnGemm::tuned;
   const double volume = static_cast<double>(key.batch) * key.m * key.n * key.k;
-  if (found > 1 && volume >= 1073741824.0 && key.tuned) {
+  if ((found > 1 || time_own) && volume >= 1073741824.0 && key.tuned) {
     // A choice restored from another process (Note [GEMM choices]) replaces the timing if
     // cuBLASLt still accepts it for this product.
     const auto r = g_restored.find(shape_of(key));
-    if (r != g_restored.end() && take_restored(key, p, r->second)) return p;
+    if (r != g_restored.end() && take_restored(key, p, r->second)) {
+      if (p.engine != Engine::cublaslt) ++g_stats.own;
+      return p;
+    }
     set_pointers(p, call);  // epilogue outputs are rewritten by the real call
     const Tensor scratch =
         Tensor::empty({key.batch, key.m, key.n}, key.dtype, Device::cuda(key.device));
@@ -264,9 +328,19 @@ Plan make_plan(const Key& key, const Call& call) {
       if (t < best) best = t, p.algo = results[i].algo;
     }
     cudaGetLastError();  // a candidate that failed to launch left no error behind
+    if (time_own) {  // Note [Own GEMM in gemm()]
+      Tensor c = scratch.reshape({key.m, key.n});
+      for (Engine e : {Engine::sm90_cooperative, Engine::sm90_pingpong, Engine::sm90_automatic}) {
+        const Sm90GemmArgs args = own_args(key, own.bias, e);
+        const float t =
+            time_launches(stream(key.device), [&] { sm90_gemm(own.a, own.b, c, args); });
+        if (t < best) best = t, p.engine = e;
+      }
+    }
     p.chosen = Chosen::timed;
     ++g_stats.timed;
   }
+  if (p.engine != Engine::cublaslt) ++g_stats.own;
   return p;
 }
 
@@ -300,6 +374,11 @@ void gemm_impl(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args
           : args.bias_grad;
   const Call call{a.data_ptr(), b.data_ptr(), vec.defined() ? vec.data_ptr() : nullptr,
                   uses_aux ? args.aux.data_ptr() : nullptr};
+  // Note [Own GEMM in gemm()]: the products our Hopper GEMM takes.
+  const OwnGemm own = own_gemm();
+  const bool own_ok = own != OwnGemm::never && batch == 1 && c.dtype() == a.dtype() &&
+                      args.epilogue == GemmEpilogue::none &&
+                      sm90_gemm_supported(a, b, c, args.trans_a, args.trans_b);
   const Key key{dev,
                 batch,
                 m,
@@ -311,13 +390,20 @@ void gemm_impl(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args
                 c.dtype(),
                 a.dtype(),
                 alignment_of({call.a, call.b, c.data_ptr(), call.vec, call.aux}),
-                tuning_enabled()};
+                tuning_enabled(),
+                own,
+                own_ok};
   Plan plan;
   {
     std::lock_guard<std::mutex> lock(g_mu);
     auto it = g_plans.find(key);
-    if (it == g_plans.end()) it = g_plans.emplace(key, make_plan(key, call)).first;
+    if (it == g_plans.end())
+      it = g_plans.emplace(key, make_plan(key, call, OwnCall{a, b, args.bias})).first;
     plan = it->second;
+  }
+  if (plan.engine != Engine::cublaslt && args.alpha == 1.0 && args.beta == 0.0) {
+    sm90_gemm(a, b, c, own_args(key, args.bias, plan.engine));
+    return;
   }
   set_pointers(plan, call);
   const double alpha64 = args.alpha, beta64 = args.beta;
@@ -342,26 +428,33 @@ void gemm_batched(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& a
 
 // Note [GEMM choices]: the header line that must match for choices to carry over.
 namespace {
-constexpr const char* kChoicesMagic = "# fused-ffn GEMM choices 1";
+// Version 2 adds the own GEMM's field, and the SM count to the context line (the own GEMM's
+// automatic schedule cuts a product by it); version 1 files still read.
+constexpr const char* kChoicesMagic = "# fused-ffn GEMM choices ";
+constexpr const char* kChoicesVersion = "2";
 
-std::string choices_context() {
+std::string choices_context(int version = 2) {
   int dev = 0;
   FFN_CHECK_CUDA(cudaGetDevice(&dev));
   const cudaDeviceProp& prop = properties(dev);
-  return "cublaslt " + std::to_string(cublasLtGetVersion()) + " sm_" +
-         std::to_string(prop.major * 10 + prop.minor);
+  std::string c = "cublaslt " + std::to_string(cublasLtGetVersion()) + " sm_" +
+                  std::to_string(prop.major * 10 + prop.minor);
+  if (version >= 2) c += " sms " + std::to_string(prop.multiProcessorCount);
+  return c;
 }
 }  // namespace
 
 std::string gemm_choices() {
   std::lock_guard<std::mutex> lock(g_mu);
-  std::map<Shape, cublasLtMatmulAlgo_t> chosen;  // one line per product, whatever the device
+  std::map<Shape, Choice> chosen;  // one line per product, whatever the device
   for (const auto& [key, plan] : g_plans)
-    if (plan.chosen != Chosen::heuristic) chosen.emplace(shape_of(key), plan.algo);
+    if (plan.chosen != Chosen::heuristic)
+      chosen.emplace(shape_of(key), Choice{plan.algo, plan.engine});
   if (chosen.empty()) return {};
   std::ostringstream out;
-  out << kChoicesMagic << " (kernels/gemm.h)\n" << choices_context() << "\n";
-  for (const auto& [sh, algo] : chosen) {
+  out << kChoicesMagic << kChoicesVersion << " (kernels/gemm.h)\n" << choices_context() << "\n";
+  for (const auto& [sh, choice] : chosen) {
+    const cublasLtMatmulAlgo_t& algo = choice.algo;
     out << "gemm " << sh.batch << ' ' << sh.m << ' ' << sh.n << ' ' << sh.k << ' ' << sh.ta << ' '
         << sh.tb << ' ' << sh.epi << ' ' << dtype_name(sh.dtype) << ' ' << dtype_name(sh.in) << ' '
         << sh.align;
@@ -371,6 +464,7 @@ std::string gemm_choices() {
       std::snprintf(hex, sizeof(hex), " %016" PRIx64, w);
       out << hex;
     }
+    if (choice.engine != Engine::cublaslt) out << " sm90 " << name_of(kEngineNames, choice.engine);
     out << "\n";
   }
   return out.str();
@@ -385,15 +479,20 @@ RestoredGemmChoices restore_gemm_choices(const std::string& text, const std::str
   auto bad = [&](const std::string& why) {
     FFN_THROW("[gemm] ", source, " line ", no, ": ", why, " (got '", line.substr(0, 80), "')");
   };
-  std::map<Shape, cublasLtMatmulAlgo_t> parsed;
+  std::map<Shape, Choice> parsed;
+  int version = 0;
   while (std::getline(in, line)) {
     ++no;
     if (no == 1) {
-      if (line.rfind(kChoicesMagic, 0) != 0) bad("not a GEMM choices file");
+      const size_t v = std::strlen(kChoicesMagic);
+      if (line.rfind(kChoicesMagic, 0) != 0 || line.size() <= v) bad("not a GEMM choices file");
+      version = line[v] - '0';
+      if (version < 1 || version > 2 || (line.size() > v + 1 && line[v + 1] != ' '))
+        bad("a GEMM choices file of a version this build does not read (it reads 1 and 2)");
       continue;
     }
     if (no == 2) {
-      const std::string here = choices_context();
+      const std::string here = choices_context(version);
       if (line != here) {  // another cuBLASLt or GPU: its algorithms may not exist here
         res.skipped = "written with " + line + ", this process has " + here;
         return res;
@@ -418,29 +517,39 @@ RestoredGemmChoices restore_gemm_choices(const std::string& text, const std::str
     } catch (const Error& e) {
       bad(e.what());
     }
-    cublasLtMatmulAlgo_t algo{};
-    for (uint64_t& w : algo.data) {
+    Choice choice;
+    for (uint64_t& w : choice.algo.data) {
       std::string h;
       if (!(f >> h) || h.size() != 16 || h.find_first_not_of("0123456789abcdef") != h.npos)
         bad("the algorithm is 8 words of 16 hex digits");
       w = std::strtoull(h.c_str(), nullptr, 16);
     }
     std::string extra;
+    if (version >= 2 && f >> extra) {  // Note [Own GEMM in gemm()]
+      std::string schedule;
+      const auto e = f >> schedule ? value_of(kEngineNames, schedule) : std::nullopt;
+      if (extra != "sm90" || !e)
+        bad("after the algorithm only 'sm90 " + names_list(kEngineNames) + "' may follow");
+      choice.engine = *e;
+    }
     if (f >> extra) bad("trailing text");
-    parsed[sh] = algo;
+    parsed[sh] = choice;
   }
   if (no < 2) {
     line.clear();
     bad("the file ends before its header");
   }
   std::lock_guard<std::mutex> lock(g_mu);
-  for (const auto& [sh, algo] : parsed) g_restored[sh] = algo;
+  for (const auto& [sh, choice] : parsed) g_restored[sh] = choice;
   res.count = static_cast<int64_t>(parsed.size());
   if (replace) {  // plans made before the restore take the restored algorithm too
     for (auto& [key, plan] : g_plans) {
       if (!key.tuned || plan.chosen == Chosen::heuristic) continue;
       const auto r = parsed.find(shape_of(key));
-      if (r != parsed.end()) take_restored(key, plan, r->second);
+      if (r == parsed.end()) continue;
+      const bool was_own = plan.engine != Engine::cublaslt;
+      if (take_restored(key, plan, r->second))
+        g_stats.own += (plan.engine != Engine::cublaslt) - was_own;
     }
   }
   return res;

@@ -159,11 +159,13 @@ FFN_GPU_TEST("gemm on the GPU matches the CPU for all transposes, f32/bf16/f16")
   CHECK(c.to_vector() == std::vector<double>(12, 2.0));
 }
 
+// Under OwnGemm::never every choice is cuBLASLt's; under tuned the own GEMM's schedules are
+// timed too (Note [Own GEMM in gemm()]), and whichever wins must carry over the same way.
 FFN_GPU_TEST(
     "tuned GEMM choices carry to a new process and replace timed ones (Note [GEMM choices])") {
   const bool tuned = gemm_autotune();
+  const OwnGemm own = own_gemm();
   set_gemm_autotune(true);
-  reset_gemm_choices();
   Generator g(52);
   // Two products large enough to be timed (m·n·k ≥ 2^30): plain, and Bᵀ with a bias.
   const Tensor a = rand64({1024, 1024}, g).to(DType::bf16).to(kGpu);
@@ -174,48 +176,61 @@ FFN_GPU_TEST(
     return std::pair{matmul(a, b).to_vector(),
                      matmul(a, bt, {.trans_b = true, .bias = bias}).to_vector()};
   };
-  const auto first = run();
-  CHECK(gemm_choice_stats().timed == 2);
-  const std::string text = gemm_choices();
-  CHECK(std::count(text.begin(), text.end(), '\n') == 4);  // two header lines, two products
-  // A new process restores them: nothing is timed, the same algorithms give the same bits.
+  for (OwnGemm mode : {OwnGemm::never, OwnGemm::tuned}) {
+    CAPTURE(static_cast<int>(mode));
+    set_own_gemm(mode);
+    reset_gemm_choices();
+    const auto first = run();
+    CHECK(gemm_choice_stats().timed == 2);
+    const int64_t own_plans = gemm_choice_stats().own;
+    if (mode == OwnGemm::never) CHECK(own_plans == 0);
+    const std::string text = gemm_choices();
+    CHECK(std::count(text.begin(), text.end(), '\n') == 4);  // two header lines, two products
+    CHECK(text.rfind("# fused-ffn GEMM choices 2 ", 0) == 0);
+    // A new process restores them: nothing is timed, the same algorithms give the same bits.
+    reset_gemm_choices();
+    CHECK(gemm_choices().empty());
+    const RestoredGemmChoices r = restore_gemm_choices(text, "test");
+    CHECK(r.count == 2);
+    CHECK(r.skipped.empty());
+    CHECK(run() == first);
+    CHECK(gemm_choice_stats().timed == 0);
+    CHECK(gemm_choice_stats().restored == 2);
+    CHECK(gemm_choice_stats().rejected == 0);
+    CHECK(gemm_choice_stats().own == own_plans);
+    CHECK(gemm_choices() == text);
+    // With replace, plans timed before the restore take the restored algorithms.
+    reset_gemm_choices();
+    run();
+    CHECK(gemm_choice_stats().timed == 2);
+    restore_gemm_choices(text, "test", /*replace=*/true);
+    CHECK(gemm_choice_stats().restored == 2);
+    CHECK(gemm_choice_stats().own == own_plans);
+    CHECK(run() == first);
+    CHECK(gemm_choices() == text);
+    // Another cuBLASLt or GPU: nothing restored, and why.
+    const size_t l2 = text.find('\n') + 1;
+    std::string other = text;
+    other.replace(l2, text.find('\n', l2) - l2, "cublaslt 1 sm_90");
+    reset_gemm_choices();
+    const RestoredGemmChoices o = restore_gemm_choices(other, "test");
+    CHECK(o.count == 0);
+    CHECK(o.skipped.find("written with cublaslt 1 sm_90") != std::string::npos);
+    // Text that is not a choices file, or a damaged line, is an error naming the line.
+    CHECK_THROWS_WITH_AS(restore_gemm_choices("hello\n", "f.txt"),
+                         doctest::Contains("f.txt line 1: not a GEMM choices file"), Error);
+    CHECK_THROWS_WITH_AS(restore_gemm_choices(text.substr(0, l2), "f.txt"),
+                         doctest::Contains("ends before its header"), Error);
+    if (mode == OwnGemm::never) {  // the last line ends in the algorithm's last hex word
+      std::string bad = text;
+      bad[bad.size() - 3] = 'x';
+      CHECK_THROWS_WITH_AS(
+          restore_gemm_choices(bad, "f.txt"),
+          doctest::Contains("f.txt line 4: the algorithm is 8 words of 16 hex digits"), Error);
+    }
+  }
   reset_gemm_choices();
-  CHECK(gemm_choices().empty());
-  const RestoredGemmChoices r = restore_gemm_choices(text, "test");
-  CHECK(r.count == 2);
-  CHECK(r.skipped.empty());
-  CHECK(run() == first);
-  CHECK(gemm_choice_stats().timed == 0);
-  CHECK(gemm_choice_stats().restored == 2);
-  CHECK(gemm_choice_stats().rejected == 0);
-  CHECK(gemm_choices() == text);
-  // With replace, plans timed before the restore take the restored algorithms.
-  reset_gemm_choices();
-  run();
-  CHECK(gemm_choice_stats().timed == 2);
-  restore_gemm_choices(text, "test", /*replace=*/true);
-  CHECK(gemm_choice_stats().restored == 2);
-  CHECK(run() == first);
-  CHECK(gemm_choices() == text);
-  // Another cuBLASLt or GPU: nothing restored, and why.
-  const size_t l2 = text.find('\n') + 1;
-  std::string other = text;
-  other.replace(l2, text.find('\n', l2) - l2, "cublaslt 1 sm_90");
-  reset_gemm_choices();
-  const RestoredGemmChoices o = restore_gemm_choices(other, "test");
-  CHECK(o.count == 0);
-  CHECK(o.skipped.find("written with cublaslt 1 sm_90") != std::string::npos);
-  // Text that is not a choices file, or a damaged line, is an error naming the line.
-  CHECK_THROWS_WITH_AS(restore_gemm_choices("hello\n", "f.txt"),
-                       doctest::Contains("f.txt line 1: not a GEMM choices file"), Error);
-  std::string bad = text;
-  bad[bad.size() - 3] = 'x';  // a hex digit of the last line's algorithm
-  CHECK_THROWS_WITH_AS(restore_gemm_choices(bad, "f.txt"),
-                       doctest::Contains("f.txt line 4: the algorithm is 8 words of 16 hex digits"),
-                       Error);
-  CHECK_THROWS_WITH_AS(restore_gemm_choices(text.substr(0, l2), "f.txt"),
-                       doctest::Contains("ends before its header"), Error);
-  reset_gemm_choices();
+  set_own_gemm(own);
   set_gemm_autotune(tuned);
 }
 

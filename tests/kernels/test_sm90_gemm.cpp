@@ -194,6 +194,125 @@ FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs
                     doctest::Contains("[sm90_gemm] splits must be >= 0"));
 }
 
+// Note [Own GEMM in gemm()]: gemm() runs the own GEMM where the mode says so (always), or
+// where a choices file (Note [GEMM choices]) names one of its schedules; exactly the kernel
+// sm90_gemm runs with that schedule, bit for bit. Calls the own GEMM does not take (beta !=
+// 0, an f32 output, a batch) run cuBLASLt's algorithm of the same plan.
+FFN_GPU_TEST("gemm runs the own Hopper GEMM where told or where its choice was restored") {
+  Generator g(75);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  const bool tuned = gemm_autotune();
+  const OwnGemm own = own_gemm();
+  set_gemm_autotune(true);
+  // Timed products (m·n·k ≥ 2^30): a·b and a·btᵀ + bias; and a small one (never timed).
+  const Tensor a = rand64({1024, 1024}, g).to(DType::bf16).to(kGpu);
+  const Tensor b = rand64({1024, 1536}, g).to(DType::bf16).to(kGpu);
+  const Tensor bt = rand64({1536, 1024}, g).to(DType::bf16).to(kGpu);
+  const Tensor bias = rand64({1536}, g).to(DType::bf16).to(kGpu);
+  const Tensor s = rand64({72, 40}, g).to(DType::f16).to(kGpu);
+  const Tensor st = rand64({24, 40}, g).to(DType::f16).to(kGpu);
+  auto ours = [&](const Tensor& x, const Tensor& y, bool tb, const Tensor& bb,
+                  cuda::Sm90Schedule sched) {
+    Tensor c = Tensor::full({x.size(0), tb ? y.size(0) : y.size(1)}, NAN, x.dtype(), kGpu);
+    cuda::sm90_gemm(x, y, c, {.trans_b = tb, .bias = bb, .schedule = sched});
+    return c.to_vector();
+  };
+  auto run = [&] {
+    return std::vector{matmul(a, b).to_vector(),
+                       matmul(a, bt, {.trans_b = true, .bias = bias}).to_vector(),
+                       matmul(s, st, {.trans_b = true}).to_vector()};
+  };
+  // beta = 1 accumulates into c: never the own GEMM, which only overwrites. (A product too
+  // small to be timed, so that cuBLASLt's algorithm is the heuristic's in every mode.)
+  const Tensor a2 = a.narrow(0, 0, 256).contiguous();
+  auto accumulate = [&] {
+    Tensor c = Tensor::full({256, 1536}, 0.5, DType::bf16, kGpu);
+    gemm(a2, bt, c, {.trans_b = true, .beta = 1.0});
+    return c.to_vector();
+  };
+  set_own_gemm(OwnGemm::never);
+  reset_gemm_choices();
+  const auto lt = run();
+  const std::string text = gemm_choices();  // two cuBLASLt lines
+  REQUIRE(std::count(text.begin(), text.end(), '\n') == 4);
+  const auto lt_acc = accumulate();
+
+  set_own_gemm(OwnGemm::always);
+  reset_gemm_choices();
+  const auto all = run();
+  CHECK(all[0] == ours(a, b, false, Tensor(), cuda::Sm90Schedule::automatic));
+  CHECK(all[1] == ours(a, bt, true, bias, cuda::Sm90Schedule::automatic));
+  CHECK(all[2] == ours(s, st, true, Tensor(), cuda::Sm90Schedule::automatic));
+  CHECK(accumulate() == lt_acc);
+  CHECK(gemm_choice_stats().own == 4);  // the three products and the accumulating one's plan
+  // f32 and batched products are cuBLASLt's whatever the mode.
+  const Tensor f = rand64({64, 64}, g).to(DType::f32).to(kGpu);
+  CHECK(max_abs_diff(matmul(f, f), matmul(f.to(DType::f64).to(Device::cpu()),
+                                          f.to(DType::f64).to(Device::cpu()))
+                                       .to(DType::f32)
+                                       .to(kGpu)) < 1e-4);
+
+  // A choices file that names the own GEMM's schedules (the first product ping-pong, the
+  // second cooperative) runs them under OwnGemm::tuned, and is written back the same.
+  const size_t e3 = text.find('\n', text.find('\n', text.find('\n') + 1) + 1);  // line 3's end
+  const std::string named = text.substr(0, e3) + " sm90 pingpong\n" +
+                            text.substr(e3 + 1, text.size() - e3 - 2) + " sm90 cooperative\n";
+  set_own_gemm(OwnGemm::tuned);
+  reset_gemm_choices();
+  CHECK(restore_gemm_choices(named, "test").count == 2);
+  // Which line is which product: lines are sorted by (batch, m, n, k, ta, tb, ...), and both
+  // have m = 1024, n = 1536, k = 1024, so a·b (tb = 0) comes first.
+  const auto restored = run();
+  CHECK(restored[0] == ours(a, b, false, Tensor(), cuda::Sm90Schedule::pingpong));
+  CHECK(restored[1] == ours(a, bt, true, bias, cuda::Sm90Schedule::cooperative));
+  CHECK(restored[2] == lt[2]);  // not timed, not named: cuBLASLt's heuristic choice
+  CHECK(gemm_choice_stats().restored == 2);
+  CHECK(gemm_choice_stats().own == 2);
+  CHECK(gemm_choice_stats().timed == 0);
+  CHECK(gemm_choices() == named);
+  CHECK(accumulate() == lt_acc);  // the restored line's cuBLASLt algorithm
+  // Under OwnGemm::never the same file runs cuBLASLt's algorithms of those lines.
+  set_own_gemm(OwnGemm::never);
+  reset_gemm_choices();
+  restore_gemm_choices(named, "test");
+  CHECK(run() == lt);
+  CHECK(gemm_choice_stats().own == 0);
+
+  // Version 1 files (no own-GEMM field, no SM count in the context line) still read; a
+  // field they cannot have, a schedule that does not exist and a version from the future are
+  // errors naming the line.
+  const size_t e1 = text.find('\n'), e2 = text.find('\n', e1 + 1);
+  const std::string context = text.substr(e1 + 1, e2 - e1 - 1);  // "cublaslt V sm_90 sms N"
+  REQUIRE(context.find(" sms ") != std::string::npos);
+  const std::string v1_head =
+      "# fused-ffn GEMM choices 1 (kernels/gemm.h)\n" + context.substr(0, context.find(" sms "));
+  reset_gemm_choices();
+  const RestoredGemmChoices r1 = restore_gemm_choices(v1_head + text.substr(e2), "v1.txt");
+  CHECK(r1.skipped.empty());
+  CHECK(r1.count == 2);
+  CHECK(run() == lt);
+  CHECK_THROWS_WITH_AS(restore_gemm_choices(v1_head + named.substr(e2), "v1.txt"),
+                       doctest::Contains("v1.txt line 3: trailing text"), Error);
+  std::string fast = named;
+  fast.replace(fast.find("sm90 pingpong"), 13, "sm90 fastest");
+  CHECK_THROWS_WITH_AS(restore_gemm_choices(fast, "f.txt"),
+                       doctest::Contains("f.txt line 3: after the algorithm only 'sm90 "
+                                         "\"cooperative\", \"pingpong\" or \"automatic\"'"),
+                       Error);
+  std::string v3 = named;
+  v3[std::string("# fused-ffn GEMM choices ").size()] = '3';
+  CHECK_THROWS_WITH_AS(restore_gemm_choices(v3, "f.txt"),
+                       doctest::Contains("f.txt line 1: a GEMM choices file of a version this "
+                                         "build does not read"),
+                       Error);
+  reset_gemm_choices();
+  set_own_gemm(own);
+  set_gemm_autotune(tuned);
+}
+
 FFN_GPU_TEST("sm90 GEMM's rotary epilogue matches rope(x·Wᵀ + b) of the CPU reference") {
   Generator g(74);
   if (!sm90_here()) {
