@@ -57,6 +57,18 @@ double median_ms(int dev, int warmup, int iters, F&& body) {
   return cuda::median_event_ms(cuda::stream(dev), warmup, iters, body);
 }
 
+// Milliseconds per run of `body` timed as four back-to-back runs (median over `iters` such
+// groups), so the host's launch time is hidden behind the GPU's work as in a training step
+// and as gemm()'s autotuner times (Note [Own GEMM in gemm()]); median_ms waits for each run,
+// launch included.
+template <class F>
+double back_to_back_ms(int dev, int warmup, int iters, F&& body) {
+  return median_ms(dev, warmup, iters, [&] {
+           for (int i = 0; i < 4; ++i) body();
+         }) /
+         4;
+}
+
 // The comparisons whose columns say "cuBLASLt" run gemm() on cuBLASLt alone (Note [Own GEMM
 // in gemm()]); the workloads and their floor run it as training does.
 struct CublasLtOnly {
@@ -190,7 +202,9 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 // docs/design.md workloads and GPT-2 124M (B·T = 16384), one JSON line per product: each Linear's
 // forward x·Wᵀ ("fwd", NT), its input gradient dy·W ("dgrad", NN) and its weight gradient
 // dyᵀ·x ("wgrad", TN); then the fused fc1 (GEMM + bias + GELU + dropout in the epilogue)
-// against cuBLASLt + bias_act_dropout.
+// against cuBLASLt + bias_act_dropout. The *_ms fields wait for each launch (the host's
+// launch time included); the b2b_* fields time back-to-back launches, as gemm()'s autotuner
+// does (Note [Own GEMM in gemm()]).
 void gemm_comparison(int device, int warmup, int iters) {
   const CublasLtOnly cublaslt_only;
   const Device dev = Device::cuda(device);
@@ -239,6 +253,17 @@ void gemm_comparison(int device, int warmup, int iters) {
       const double best = ours(cuda::Sm90Schedule::automatic, true);
       const double lt = median_ms(device, warmup, iters,
                                   [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); });
+      // The same with the launches hidden: what decides gemm()'s choice.
+      auto ours_b2b = [&](cuda::Sm90Schedule s) {
+        const cuda::Sm90GemmArgs args{.trans_a = p.ta, .trans_b = p.tb, .schedule = s};
+        return back_to_back_ms(device, warmup, iters,
+                               [&] { cuda::sm90_gemm(p.a, p.b, p.c, args); });
+      };
+      const double coop_b2b = ours_b2b(cuda::Sm90Schedule::cooperative);
+      const double pp_b2b = ours_b2b(cuda::Sm90Schedule::pingpong);
+      const double best_b2b = ours_b2b(cuda::Sm90Schedule::automatic);
+      const double lt_b2b = back_to_back_ms(
+          device, warmup, iters, [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); });
       // What ffn-train ran before session 18 (runtime.gemm_autotune = false, for bit-exact
       // resume, until Note [GEMM choices]): cuBLASLt's first heuristic choice.
       const bool tuned = gemm_autotune();
@@ -253,10 +278,13 @@ void gemm_comparison(int device, int warmup, int iters) {
                   "\"cublaslt_tflops\": %.1f, \"ours_over_cublaslt\": %.3f, "
                   "\"cooperative_ms\": %.4f, \"pingpong_ms\": %.4f, "
                   "\"cooperative_register_store_ms\": %.4f, "
-                  "\"cublaslt_first_ms\": %.4f, \"ours_over_cublaslt_first\": %.3f}\n",
+                  "\"cublaslt_first_ms\": %.4f, \"ours_over_cublaslt_first\": %.3f, "
+                  "\"b2b_ours_ms\": %.4f, \"b2b_cooperative_ms\": %.4f, \"b2b_pingpong_ms\": %.4f, "
+                  "\"b2b_cublaslt_ms\": %.4f, \"b2b_best_ours_over_cublaslt\": %.3f}\n",
                   sh.name, p.pass, static_cast<long long>(m), static_cast<long long>(n),
                   static_cast<long long>(k), best, lt, fl / best / 1e9, fl / lt / 1e9, best / lt,
-                  coop, pp, coop_regs, lt_first, best / lt_first);
+                  coop, pp, coop_regs, lt_first, best / lt_first, best_b2b, coop_b2b, pp_b2b,
+                  lt_b2b, std::min({best_b2b, coop_b2b, pp_b2b}) / lt_b2b);
       std::fflush(stdout);
     }
   }

@@ -70,7 +70,7 @@ OwnGemm own_gemm();  // throws, naming the variable, on an FFN_OWN_GEMM it does 
 // beside cuBLASLt's candidates, each the median of three runs of four back-to-back launches
 // (so the host's launch time is not counted), and the fastest runs from then on. The choice
 // is part of Note [GEMM choices]: a resumed run and every rank under data parallelism run the
-// same kernel with the same schedule.
+// same kernel with the same schedule. FFN_GEMM_TUNE_LOG=1 prints every candidate's time.
 
 // Note [GEMM choices]
 // ~~~~~~~~~~~~~~~~~~~

@@ -185,6 +185,15 @@ bool tuning_enabled() {
   return gemm_autotune();
 }
 
+// FFN_GEMM_TUNE_LOG=1 prints each timed product's candidates (for measurements).
+bool tune_log() {
+  static const bool on = [] {
+    const char* e = std::getenv("FFN_GEMM_TUNE_LOG");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 void set_pointers(const Plan& p, const Call& call) {
   if (call.vec)
     FFN_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -328,15 +337,23 @@ Plan make_plan(const Key& key, const Call& call, const OwnCall& own) {
       if (t < best) best = t, p.algo = results[i].algo;
     }
     cudaGetLastError();  // a candidate that failed to launch left no error behind
+    std::ostringstream log;  // FFN_GEMM_TUNE_LOG=1: every candidate's time, on stderr
+    log << "[gemm tune] " << dtype_name(key.in) << ' ' << key.m << 'x' << key.n << 'x' << key.k
+        << (key.ta ? " Aᵀ" : "") << (key.tb ? " Bᵀ" : "") << ": cuBLASLt " << best << " ms (best of "
+        << found << ")";
     if (time_own) {  // Note [Own GEMM in gemm()]
       Tensor c = scratch.reshape({key.m, key.n});
       for (Engine e : {Engine::sm90_cooperative, Engine::sm90_pingpong, Engine::sm90_automatic}) {
         const Sm90GemmArgs args = own_args(key, own.bias, e);
         const float t =
             time_launches(stream(key.device), [&] { sm90_gemm(own.a, own.b, c, args); });
+        log << ", own " << name_of(kEngineNames, e) << ' ' << t;
         if (t < best) best = t, p.engine = e;
       }
     }
+    if (tune_log())
+      std::fprintf(stderr, "%s -> %s\n", log.str().c_str(),
+                   p.engine == Engine::cublaslt ? "cuBLASLt" : name_of(kEngineNames, p.engine));
     p.chosen = Chosen::timed;
     ++g_stats.timed;
   }
