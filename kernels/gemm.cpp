@@ -96,9 +96,7 @@ bool env_switch(std::atomic<int>& v, const char* name) {
   }
   return x == 1;
 }
-}  // namespace
 
-namespace {
 constexpr NameOf<OwnGemm> kOwnGemmNames[] = {
     {OwnGemm::never, "never"}, {OwnGemm::tuned, "tuned"}, {OwnGemm::always, "always"}};
 std::atomic<int> g_own{-1};  // -1: not decided yet (read FFN_OWN_GEMM)
