@@ -196,8 +196,8 @@ FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs
 
 // Note [Own GEMM in gemm()]: gemm() runs the own GEMM where the mode says so (always), or
 // where a choices file (Note [GEMM choices]) names one of its schedules; exactly the kernel
-// sm90_gemm runs with that schedule, bit for bit. Calls the own GEMM does not take (beta !=
-// 0, an f32 output, a batch) run cuBLASLt's algorithm of the same plan.
+// sm90_gemm runs with that schedule, bit for bit. A call the own GEMM does not take (beta =
+// 1) runs cuBLASLt's algorithm of the same plan.
 FFN_GPU_TEST("gemm runs the own Hopper GEMM where told or where its choice was restored") {
   Generator g(75);
   if (!sm90_here()) {
@@ -248,7 +248,7 @@ FFN_GPU_TEST("gemm runs the own Hopper GEMM where told or where its choice was r
   CHECK(all[2] == ours(s, st, true, Tensor(), cuda::Sm90Schedule::automatic));
   CHECK(accumulate() == lt_acc);
   CHECK(gemm_choice_stats().own == 4);  // the three products and the accumulating one's plan
-  // f32 and batched products are cuBLASLt's whatever the mode.
+  // An f32 product is cuBLASLt's whatever the mode (the own GEMM takes bf16/f16 only).
   const Tensor f = rand64({64, 64}, g).to(DType::f32).to(kGpu);
   CHECK(max_abs_diff(matmul(f, f), matmul(f.to(DType::f64).to(Device::cpu()),
                                           f.to(DType::f64).to(Device::cpu()))
