@@ -6,6 +6,7 @@
 
 #include "kernels/bias_act_dropout.h"
 #include "kernels/bias_glu_dropout.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/dropout_add.h"
 #include "layers/functional.h"
 #include "tests/kernels/kernel_tests.h"
@@ -132,6 +133,46 @@ TEST_CASE("bias_act_dropout and bias_act_dropout_backward follow their formulas"
       check_close(dpre, Tensor::from_vector(de, s, DType::f64), 1e-14, 1e-12, "dpre");
       check_close(db, Tensor::from_vector(dbe, {s[1]}, DType::f64), 1e-10, 1e-10, "db");
     }
+}
+
+// kernels/cpu/parallel.h: the CPU references run their rows on OpenMP's threads, and sum db
+// in a pass of its own, so every output is the same bits on any number of threads.
+TEST_CASE("the CPU activation kernels give the same bits on 1, 2 and 3 threads") {
+  const int threads = cpu::cpu_threads();
+  if (threads == 1) {
+    cpu::set_cpu_threads(2);
+    if (cpu::cpu_threads() == 1) MESSAGE("built without OpenMP: the CPU loops run on one thread");
+  }
+  Generator g(9);
+  const Shape s{67, 40};
+  const Tensor z = rand64(s, g, 3.0).to(DType::f32), zg = rand64({67, 80}, g, 3.0).to(DType::f32);
+  const Tensor b = rand64({40}, g).to(DType::f32), bg = rand64({80}, g).to(DType::f32);
+  const Tensor dy = rand64(s, g).to(DType::f32);
+  const DropoutSpec d{0.25f, 11, 2};
+  auto run = [&](int n) {
+    cpu::set_cpu_threads(n);
+    std::vector<Tensor> o;
+    for (Activation act : {Activation::gelu_erf, Activation::gelu_tanh, Activation::silu}) {
+      Tensor hd = Tensor::empty(s, DType::f32), dz = Tensor::empty(s, DType::f32),
+             db = Tensor::empty({40}, DType::f32), hd2 = Tensor::empty(s, DType::f32);
+      bias_act_dropout(z, b, act, d, hd);
+      bias_act_dropout_backward(dy, z, b, act, d, dz, &db, &hd2);
+      Tensor gout = Tensor::empty(s, DType::f32), gdz = Tensor::empty({67, 80}, DType::f32),
+             gdb = Tensor::empty({80}, DType::f32), gout2 = Tensor::empty(s, DType::f32);
+      bias_glu_dropout(zg, bg, act, d, gout);
+      bias_glu_dropout_backward(dy, zg, bg, act, d, gdz, &gdb, &gout2);
+      o.insert(o.end(), {hd, dz, db, hd2, gout, gdz, gdb, gout2});
+    }
+    return o;
+  };
+  const auto one = run(1);
+  for (int n : {2, 3}) {
+    const auto many = run(n);
+    for (size_t i = 0; i < one.size(); ++i)
+      CHECK_MESSAGE(one[i].to_vector() == many[i].to_vector(), "output ", i, " on ", n,
+                    " threads differs from one thread's");
+  }
+  cpu::set_cpu_threads(threads);
 }
 
 TEST_CASE("fused elementwise ops reject bad arguments") {
