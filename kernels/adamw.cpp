@@ -68,7 +68,9 @@ void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h,
   }
   const double* d = decision.data<double>();
   if (d[1] == 0.0) return;  // skipped: nothing changes
-  cpu::adamw_step(slots, h, static_cast<int64_t>(d[0]), d[4]);
+  AdamWHyper at = h;
+  at.lr = d[7];
+  cpu::adamw_step(slots, at, static_cast<int64_t>(d[0]), d[4]);
 }
 
 Tensor global_grad_sumsq(const std::vector<Tensor>& grads) {

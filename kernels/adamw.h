@@ -37,8 +37,9 @@ struct AdamWSlot {
 // step is 1-based (bias correction). All slots live on one device and share a dtype.
 void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h, int64_t step,
                 double grad_scale);
-// The same update with step and grad_scale taken from a decision tensor written by
-// adamw_decide on the device; a step the decision skips leaves every tensor untouched.
+// The same update with step, grad_scale and the learning rate taken from a decision tensor
+// written by adamw_decide on the device (the rate from its [7]: h.lr is not used); a step the
+// decision skips leaves every tensor untouched.
 void adamw_step(const std::vector<AdamWSlot>& slots, const AdamWHyper& h,
                 const Tensor& decision);
 // Σ over all tensors of Σ g², accumulated in fp32 (f64 for f64) in a fixed order, as a
@@ -58,10 +59,12 @@ double global_grad_norm(const std::vector<Tensor>& grads);
 //   [0] updates applied so far, this step included (the bias-correction step t)
 //   [1] 1 when this step is applied, 0 when skipped   [2] 1-β1^t   [3] 1-β2^t
 //   [4] grad scale: 1/grad_divisor, times grad_clip/(norm+1e-6) when norm > grad_clip
-//   [5] the loss   [6] the gradient norm √sumsq / grad_divisor
-// [0] carries over from step to step (the caller seeds it, e.g. from a checkpoint); the
-// rest is rewritten by every adamw_decide. The arithmetic is f64 on both backends, the
-// same expressions as the CPU reference.
+//   [5] the loss   [6] the gradient norm √sumsq / grad_divisor   [7] the learning rate
+// [0] carries over from step to step (the caller seeds it, e.g. from a checkpoint); [7] is
+// written by the caller before each step (AdamW::set_lr), so a step captured into a CUDA
+// graph reads each step's rate from the device (Note [CUDA graph step]); the rest is
+// rewritten by every adamw_decide. The arithmetic is f64 on both backends, the same
+// expressions as the CPU reference.
 constexpr int64_t kDecisionSize = 8;
 struct AdamWDecide {
   double grad_divisor = 1.0;  // the loss scale (1 without one)

@@ -32,9 +32,31 @@ AdamW::AdamW(std::vector<std::pair<std::string, Var>> named_params, const AdamWO
   }
 }
 
+Tensor& AdamW::decision() {
+  if (!decision_.defined()) {
+    FFN_CHECK(!params_.empty(), "[adamw] no parameters to optimize");
+    std::vector<double> d(kDecisionSize, 0.0);
+    d[0] = static_cast<double>(steps_);
+    decision_ = Tensor::from_vector(d, {kDecisionSize}, DType::f64,
+                                    params_[0].second.value().device());
+  }
+  return decision_;
+}
+
 void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
-  NoGradGuard no_grad;
   FFN_CHECK(!in_flight_, "[adamw] launch() while the previous step is in flight (call finish())");
+  set_lr(lr);
+  queue(loss, grad_divisor);
+  start_report();
+}
+
+void AdamW::set_lr(double lr) {
+  FFN_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] lr must be finite and >= 0, got ", lr);
+  decision().narrow(0, 7, 1).fill_(lr);  // Note [Device-side step decision]: [7]
+}
+
+void AdamW::queue(const Tensor& loss, double grad_divisor) {
+  NoGradGuard no_grad;
   FFN_CHECK(grad_divisor > 0 && std::isfinite(grad_divisor), "[adamw] grad_divisor must be > 0");
   std::vector<AdamWSlot> live;
   std::vector<size_t> live_index;  // live[j] is parameter live_index[j]
@@ -49,33 +71,31 @@ void AdamW::launch(double lr, const Tensor& loss, double grad_divisor) {
     live.push_back(std::move(s));
     live_index.push_back(i);
   }
-  if (!decision_.defined()) {
-    FFN_CHECK(!params_.empty(), "[adamw] no parameters to optimize");
-    std::vector<double> d(kDecisionSize, 0.0);
-    d[0] = static_cast<double>(steps_);
-    decision_ = Tensor::from_vector(d, {kDecisionSize}, DType::f64,
-                                    params_[0].second.value().device());
-  }
-  Tensor sumsq = grads.empty() ? Tensor::zeros({1}, DType::f64, decision_.device())
+  Tensor& dec = decision();
+  Tensor sumsq = grads.empty() ? Tensor::zeros({1}, DType::f64, dec.device())
                                : global_grad_sumsq(grads);
   if (opt_.reduce_sumsq) opt_.reduce_sumsq(sumsq);
   const AdamWDecide d{grad_divisor, opt_.grad_clip, opt_.hyper.beta1, opt_.hyper.beta2};
-  adamw_decide(loss, sumsq, d, decision_);
-  AdamWHyper h = opt_.hyper;
-  h.lr = lr;
+  adamw_decide(loss, sumsq, d, dec);
+  const AdamWHyper& h = opt_.hyper;  // its lr is not read: the decision's [7] is
   if (opt_.groups.empty()) {
-    if (!live.empty()) adamw_step(live, h, decision_);
+    if (!live.empty()) adamw_step(live, h, dec);
   } else {  // group by group, with the caller's work queued after each
     size_t end = 0, j = 0;
     for (size_t g = 0; g < opt_.groups.size(); ++g) {
       end += opt_.groups[g];
       std::vector<AdamWSlot> part;
       for (; j < live.size() && live_index[j] < end; ++j) part.push_back(live[j]);
-      if (!part.empty()) adamw_step(part, h, decision_);
+      if (!part.empty()) adamw_step(part, h, dec);
       if (opt_.after_group) opt_.after_group(g);
     }
   }
-  report_.start(decision_);
+}
+
+void AdamW::start_report() {
+  FFN_CHECK(!in_flight_, "[adamw] a step's report started while the previous one is in flight "
+            "(call finish())");
+  report_.start(decision());
   in_flight_ = true;
 }
 

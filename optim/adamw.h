@@ -56,6 +56,13 @@ class AdamW {
   // [Device-side step decision]); finish() waits for that step's outcome and must come
   // before the next launch(). Gradients may be released right after launch().
   void launch(double lr, const Tensor& loss, double grad_divisor = 1.0);
+  // launch() in three parts, for a step captured into a CUDA graph (Note [CUDA graph step]):
+  // set_lr writes the rate into the device-side decision (outside the capture, every step);
+  // queue() queues the norm, the decision and the update, nothing else (so it can be
+  // captured); start_report() starts reading the outcome back (after the replay).
+  void set_lr(double lr);
+  void queue(const Tensor& loss, double grad_divisor = 1.0);
+  void start_report();
   StepReport finish();
   bool in_flight() const { return in_flight_; }
   // launch() then finish(); the loss may also be given as a host value.
@@ -81,6 +88,7 @@ class AdamW {
   int64_t steps_ = 0;
   int64_t skipped_total_ = 0;
   int64_t skipped_in_row_ = 0;
+  Tensor& decision();  // created on first use, [0] seeded from steps_
   Tensor decision_;  // Note [Device-side step decision]; [0] mirrors steps_ between steps
   Readback report_;  // the launched step's decision, read back one step later
   bool in_flight_ = false;

@@ -61,7 +61,6 @@ void adamw_decide(const Tensor& loss, const Tensor& sumsq, const AdamWDecide& d,
   o[4] = scale;
   o[5] = l;
   o[6] = norm;
-  o[7] = 0.0;
 }
 
 }  // namespace cpu

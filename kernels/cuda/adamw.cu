@@ -66,13 +66,14 @@ struct StepArgs {
   A lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
 };
 
-// `decision` (Note [Device-side step decision]), when given, supplies the bias corrections
-// and the grad scale, and may skip the step.
+// `decision` (Note [Device-side step decision]), when given, supplies the learning rate, the
+// bias corrections and the grad scale, and may skip the step.
 template <class T, class A>
 __global__ void __launch_bounds__(kThreads)
     adamw_kernel(Table<T, A> tab, StepArgs<A> h, const double* decision) {
   if (decision) {
     if (decision[1] == 0.0) return;
+    h.lr = static_cast<A>(decision[7]);
     h.bc1 = static_cast<A>(decision[2]);
     h.bc2 = static_cast<A>(decision[3]);
     h.grad_scale = static_cast<A>(decision[4]);
@@ -180,7 +181,6 @@ __global__ void decide_kernel(const L* loss, const S* sumsq, AdamWDecide d, doub
   o[4] = scale;
   o[5] = l;
   o[6] = norm;
-  o[7] = 0.0;
 }
 
 // Calls launch(table, blocks) for consecutive groups of tensors and chunks.

@@ -67,6 +67,7 @@ TEST_CASE(
   };
   AdamWSlot a = slot(1.0), b = slot(1.0);
   Tensor dec = Tensor::zeros({kDecisionSize}, DType::f64);
+  dec.data<double>()[7] = h.lr;  // the caller's rate; adamw_decide leaves it
   const Tensor sumsq = global_grad_sumsq({a.grad});
   CHECK(sumsq.item() == 25.0);
   const AdamWDecide d{2.0, 1.0, 0.9, 0.99};  // divisor 2: norm 2.5 > clip 1
@@ -81,6 +82,7 @@ TEST_CASE(
     CHECK(v[4] == 0.5 * (1.0 / (2.5 + 1e-6)));
     CHECK(v[5] == 1.25);
     CHECK(v[6] == 2.5);
+    CHECK(v[7] == h.lr);
     adamw_step({a}, h, dec);
     adamw_step({b}, h, step, v[4]);
     CHECK(a.param.to_vector() == b.param.to_vector());
@@ -94,10 +96,16 @@ TEST_CASE(
   CHECK(a.param.to_vector() == before);
   adamw_decide(loss, Tensor::full({1}, INFINITY, DType::f64), d, dec);
   CHECK(dec.to_vector()[1] == 0.0);
+  // The decided step's rate is the decision's [7], not h.lr: at rate 0 nothing moves.
+  dec.data<double>()[7] = 0.0;
+  adamw_decide(loss, sumsq, d, dec);
+  adamw_step({a}, h, dec);
+  CHECK(a.param.to_vector() == before);
+  dec.data<double>()[7] = h.lr;
   // No clipping below the threshold.
   adamw_decide(loss, Tensor::full({1}, 0.25, DType::f64), AdamWDecide{1.0, 1.0, 0.9, 0.99}, dec);
   CHECK(dec.to_vector()[4] == 1.0);
-  CHECK(dec.to_vector()[0] == 3.0);
+  CHECK(dec.to_vector()[0] == 4.0);
   Tensor short_dec = Tensor::zeros({3}, DType::f64);
   CHECK_THROWS_WITH_AS(adamw_decide(loss, sumsq, d, short_dec),
                        doctest::Contains("[adamw] decision must be a contiguous f64 tensor of 8"),
@@ -155,12 +163,14 @@ FFN_GPU_TEST("multi-tensor AdamW and grad norm on the GPU match the CPU") {
     const Tensor ss = global_grad_sumsq(ggrads);
     Tensor gdec = Tensor::zeros({kDecisionSize}, DType::f64, kGpu);
     Tensor cdec = Tensor::zeros({kDecisionSize}, DType::f64);
+    gdec.narrow(0, 7, 1).fill_(h.lr);  // the rate (Note [Device-side step decision])
+    cdec.narrow(0, 7, 1).fill_(h.lr);
     const AdamWDecide d{4.0, 0.05, h.beta1, h.beta2};
     for (int step = 1; step <= 2; ++step) {
       adamw_decide(Tensor::full({}, 2.5, DType::f32, kGpu), ss, d, gdec);
       adamw_decide(Tensor::full({}, 2.5, DType::f32), ss.to(Device::cpu()), d, cdec);
       const std::vector<double> gv = gdec.to_vector(), cv = cdec.to_vector();
-      for (int i : {0, 1, 4, 5, 6}) CHECK(gv[i] == cv[i]);
+      for (int i : {0, 1, 4, 5, 6, 7}) CHECK(gv[i] == cv[i]);
       for (int i : {2, 3}) CHECK(gv[i] == doctest::Approx(cv[i]).epsilon(1e-15));
       std::vector<AdamWSlot> twin;
       for (const AdamWSlot& sl : gpu) {
