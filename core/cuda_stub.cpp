@@ -25,6 +25,17 @@ void reset_peak(int) {
   no_cuda("reset_peak_memory");
 }
 void empty_cache(int) {}
+void begin_private_pool(int) {
+  no_cuda("graph");
+}
+void end_capture(int) {}
+void release_private_pool(int) {}
+size_t private_pool_blocks(int) {
+  return 0;
+}
+bool is_private_block(const void*, int) {
+  return false;
+}
 }  // namespace cuda_alloc
 
 namespace cuda_copy {

@@ -37,6 +37,7 @@ void Readback::start(const Tensor& src) {
 #if FFN_WITH_CUDA
   const int dev = src.device().index;
   cuda::DeviceGuard guard(dev);
+  cuda::check_not_capturing(dev, "a readback");
   if (!pinned_ || device_ != dev) {
     if (event_) FFN_CHECK_CUDA(cudaEventDestroy(static_cast<cudaEvent_t>(event_)));
     if (pinned_) FFN_CHECK_CUDA(cudaFreeHost(pinned_));

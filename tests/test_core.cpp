@@ -4,6 +4,8 @@
 
 #include "core/autograd.h"
 #include "core/generator.h"
+#include "core/graph.h"
+#include "core/cuda/allocator.h"
 #include "core/readback.h"
 #include "layers/functional.h"
 #include "tests/test_util.h"
@@ -296,4 +298,60 @@ TEST_CASE("fill_ on the GPU: zero (a memset), -0, other values, strided views" *
       if (dt != DType::i32) CHECK(std::signbit(all[i]) == (i % 6 == 2));
     }
   }
+}
+
+TEST_CASE("StepGraph: a captured sequence runs only when replayed, reads its inputs' new "
+          "values, keeps its memory to itself, and refuses host copies" *
+          doctest::skip(!gpu_available())) {
+  const Device gpu = Device::cuda(0);
+  Tensor x = Tensor::full({1000}, 1.0, DType::f32, gpu);  // an input made before the capture
+  Tensor out = Tensor::zeros({1000}, DType::f32, gpu);
+  // What a graph cannot hold throws, naming it, and leaves the stream usable.
+  {
+    StepGraph bad;
+    CHECK_THROWS_WITH_AS(bad.capture(gpu, [&] { (void)x.to(Device::cpu()); }),
+                         doctest::Contains("a device-to-host copy on cuda:0 while its stream is "
+                                           "captured into a CUDA graph"),
+                         Error);
+    CHECK_FALSE(bad.captured());
+    CHECK_THROWS_WITH_AS(bad.capture(gpu, [&] { (void)Tensor::full({3}, 1.0, DType::f64).to(gpu); }),
+                         doctest::Contains("a host-to-device copy"), Error);
+    Readback rb;
+    CHECK_THROWS_WITH_AS(bad.capture(gpu, [&] { rb.start(x); }), doctest::Contains("a readback"),
+                         Error);
+    CHECK_THROWS_WITH_AS(bad.launch(), doctest::Contains("before a successful capture()"), Error);
+    CHECK(cuda_alloc::private_pool_blocks(0) == 0);
+    CHECK(x.to_vector()[999] == 1.0);
+  }
+  StepGraph g;
+  void* scratch = nullptr;
+  g.capture(gpu, [&] {
+    Tensor t = x.clone();  // allocated in the capture: the graph's own block
+    scratch = t.data_ptr();
+    t.add_(x, 2.0);
+    out.copy_(t);
+  });
+  CHECK(g.captured());
+  CHECK(g.nodes() >= 2);
+  CHECK(cuda_alloc::is_private_block(scratch, 0));
+  CHECK(out.to_vector()[0] == 0.0);  // nothing ran during the capture
+  g.launch();
+  CHECK(out.to_vector()[0] == 3.0);
+  x.fill_(2.0);  // a new input value, written outside the graph
+  g.launch();
+  const std::vector<double> v = out.to_vector();
+  CHECK(v[0] == 6.0);
+  CHECK(v[999] == 6.0);
+  // Allocations outside the capture never get the graph's memory, though its scratch is free.
+  for (int i = 0; i < 4; ++i) {
+    Tensor u = Tensor::empty({1000}, DType::f32, gpu);
+    CHECK_FALSE(cuda_alloc::is_private_block(u.data_ptr(), 0));
+  }
+  StepGraph second;
+  CHECK_THROWS_WITH_AS(second.capture(gpu, [] {}),
+                       doctest::Contains("one captured graph per device at a time"), Error);
+  CHECK(g.captured());  // the refused capture left the first graph's pool alone
+  CHECK(cuda_alloc::is_private_block(scratch, 0));
+  g.launch();
+  CHECK(out.to_vector()[5] == 6.0);
 }

@@ -6,11 +6,18 @@
 // because of Note [One compute stream] (core/cuda/context.h). When cudaMalloc
 // fails, the cache is returned to the driver and the call retried once; if it
 // still fails, the error says how much was asked, in use, cached and free.
+//
+// While a CUDA graph is captured (Note [CUDA graph step], core/graph.h) the device has a
+// private pool: what the capture allocates is taken from the private free list, else from
+// the shared one (changing owner), else from cudaMalloc, and a private block freed at any
+// time goes back to the private list. Allocations outside the capture never get a private
+// block, so nothing the host queues between two replays can sit in memory a replay writes.
 #include <cuda_runtime.h>
 
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/cuda/allocator.h"
@@ -36,7 +43,31 @@ struct DevicePool {
   std::unordered_map<void*, size_t> live;            // block -> size class
   MemoryStats stats;
   size_t cached = 0;
+  // The private pool of a CUDA graph (see the header comment), when one exists.
+  bool has_private = false, capturing = false;
+  std::unordered_set<void*> private_blocks;               // every block the graph owns
+  std::map<size_t, std::vector<void*>> private_free;      // size class -> free private blocks
 };
+
+// Pops a block of class `cls` from `lists`, or nullptr.
+void* pop(std::map<size_t, std::vector<void*>>& lists, size_t cls) {
+  auto it = lists.find(cls);
+  if (it == lists.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  return p;
+}
+
+// cudaMalloc, also while this thread captures a graph: the capture's mode would refuse it
+// (an allocation is not a stream operation, and nothing it does needs to be replayed).
+cudaError_t device_malloc(void** p, size_t bytes, bool capturing) {
+  if (!capturing) return cudaMalloc(p, bytes);
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  const cudaError_t e = cudaMalloc(p, bytes);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  return e;
+}
 
 std::mutex g_mu;
 std::unordered_map<int, DevicePool> g_pools;
@@ -66,15 +97,12 @@ void* allocate(size_t nbytes, int device) {
   std::lock_guard<std::mutex> lock(g_mu);
   DevicePool& pool = g_pools[device];
   void* p = nullptr;
-  auto it = pool.free_blocks.find(cls);
-  if (it != pool.free_blocks.end() && !it->second.empty()) {
-    p = it->second.back();
-    it->second.pop_back();
-    pool.cached -= cls;
-  } else {
+  if (pool.capturing) p = pop(pool.private_free, cls);
+  if (!p && (p = pop(pool.free_blocks, cls)) != nullptr) pool.cached -= cls;
+  if (!p) {
     cuda::DeviceGuard guard(device);
-    cudaError_t e = cudaMalloc(&p, cls);
-    if (e == cudaErrorMemoryAllocation) {
+    cudaError_t e = device_malloc(&p, cls, pool.capturing);
+    if (e == cudaErrorMemoryAllocation && !pool.capturing) {  // no synchronizing in a capture
       cudaGetLastError();
       release_cache_locked(device, pool);
       e = cudaMalloc(&p, cls);
@@ -93,6 +121,7 @@ void* allocate(size_t nbytes, int device) {
     pool.stats.reserved += cls;
     pool.stats.num_device_allocs += 1;
   }
+  if (pool.capturing) pool.private_blocks.insert(p);
   pool.live[p] = cls;
   pool.stats.in_use += cls;
   if (pool.stats.in_use > pool.stats.peak) pool.stats.peak = pool.stats.in_use;
@@ -108,8 +137,48 @@ void release(void* ptr, size_t /*nbytes*/, int device) {
   const size_t cls = it->second;
   pool.live.erase(it);
   pool.stats.in_use -= cls;
+  if (pool.has_private && pool.private_blocks.count(ptr)) {
+    pool.private_free[cls].push_back(ptr);
+    return;
+  }
   pool.free_blocks[cls].push_back(ptr);
   pool.cached += cls;
+}
+
+void begin_private_pool(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  DevicePool& pool = g_pools[device];
+  FFN_CHECK(!pool.has_private, "[cuda alloc] cuda:", device,
+            " already has a CUDA graph's private pool (one captured graph per device at a time)");
+  pool.has_private = pool.capturing = true;
+}
+
+void end_capture(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_pools[device].capturing = false;
+}
+
+void release_private_pool(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  DevicePool& pool = g_pools[device];
+  for (auto& [cls, blocks] : pool.private_free)
+    for (void* p : blocks) {
+      pool.free_blocks[cls].push_back(p);
+      pool.cached += cls;
+    }
+  pool.private_free.clear();
+  pool.private_blocks.clear();  // live ones go to the shared list when freed
+  pool.has_private = pool.capturing = false;
+}
+
+size_t private_pool_blocks(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_pools[device].private_blocks.size();
+}
+
+bool is_private_block(const void* ptr, int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_pools[device].private_blocks.count(const_cast<void*>(ptr)) != 0;
 }
 
 MemoryStats stats(int device) {

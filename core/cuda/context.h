@@ -27,6 +27,10 @@ void* workspace(int device);
 size_t workspace_bytes();
 const cudaDeviceProp& properties(int device);
 void synchronize(int device);
+// Throws when stream(device) is being captured into a CUDA graph: `what` (a host copy, a
+// read of a value) would run once now, or replay stale host memory, instead of each step
+// (Note [CUDA graph step], core/graph.h).
+void check_not_capturing(int device, const char* what);
 // Lets `kernel` launch on the current device with `bytes` of dynamic shared memory (the
 // opt-in above 48 KiB); raised once per kernel and device, never lowered. Kernels that
 // share a signature share a function type, so the record is keyed by address.

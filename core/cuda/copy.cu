@@ -247,6 +247,10 @@ void fill_normal(const Tensor& dst, uint64_t seed, uint64_t offset, double mean,
 
 void memcpy_between(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
   if (nbytes == 0) return;
+  cuda::check_not_capturing(dst_dev.is_cuda() ? dst_dev.index : src_dev.index,
+                            dst_dev.is_cuda() && src_dev.is_cuda() ? "a copy between GPUs"
+                            : dst_dev.is_cuda()                    ? "a host-to-device copy"
+                                                                   : "a device-to-host copy");
   if (dst_dev.is_cuda() && src_dev.is_cuda()) {
     cuda::synchronize(src_dev.index);
     FFN_CHECK_CUDA(cudaMemcpyPeerAsync(dst, dst_dev.index, src, src_dev.index, nbytes,

@@ -1,0 +1,90 @@
+// core/graph.cpp — StepGraph (core/graph.h): stream capture into a private memory pool.
+#include "core/graph.h"
+
+#include "core/error.h"
+
+#if FFN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda/allocator.h"
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#endif
+
+namespace ffn {
+
+StepGraph::~StepGraph() {
+  reset();
+}
+
+void StepGraph::reset() {
+#if FFN_WITH_CUDA
+  if (device_ < 0) return;
+  cuda::DeviceGuard guard(device_);
+  // A replay may still be running: its memory goes back to the cache only after it.
+  cudaStreamSynchronize(cuda::stream(device_));
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  cuda_alloc::release_private_pool(device_);
+#endif
+  exec_ = graph_ = nullptr;
+  device_ = -1;
+  nodes_ = 0;
+}
+
+void StepGraph::capture(Device dev, const std::function<void()>& body) {
+  FFN_CHECK(dev.is_cuda(), "[cuda graph] capture needs a CUDA device, got ", dev.str());
+  FFN_CHECK(device_ < 0, "[cuda graph] capture() on a graph that holds one already");
+#if FFN_WITH_CUDA
+  cuda::DeviceGuard guard(dev.index);
+  cudaStream_t s = cuda::stream(dev.index);
+  cuda_alloc::begin_private_pool(dev.index);
+  device_ = dev.index;
+  // Thread-local mode: this thread's synchronizing calls fail instead of being missed.
+  const cudaError_t b = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (b != cudaSuccess) {
+    cudaGetLastError();
+    reset();
+    FFN_THROW("[cuda graph] cannot start a capture on cuda:", dev.index, ": ",
+              cudaGetErrorString(b));
+  }
+  cudaGraph_t g = nullptr;
+  try {
+    body();
+  } catch (...) {
+    cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+    reset();
+    throw;
+  }
+  const cudaError_t e = cudaStreamEndCapture(s, &g);
+  cuda_alloc::end_capture(dev.index);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (g) cudaGraphDestroy(g);
+    reset();
+    FFN_THROW("[cuda graph] the capture on cuda:", dev.index, " failed: ", cudaGetErrorString(e),
+              " (something in the step synchronized with the host or used another stream; "
+              "runtime.cuda_graph = false runs the step without a graph)");
+  }
+  graph_ = g;
+  FFN_CHECK_CUDA(cudaGraphGetNodes(g, nullptr, &nodes_));
+  cudaGraphExec_t x = nullptr;
+  FFN_CHECK_CUDA(cudaGraphInstantiate(&x, g, 0));
+  exec_ = x;
+#else
+  (void)body;
+  FFN_THROW("[cuda graph] ", cuda_unavailable_reason());
+#endif
+}
+
+void StepGraph::launch() const {
+  FFN_CHECK(exec_, "[cuda graph] launch() before a successful capture()");
+#if FFN_WITH_CUDA
+  cuda::DeviceGuard guard(device_);
+  FFN_CHECK_CUDA(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cuda::stream(device_)));
+#endif
+}
+
+}  // namespace ffn
