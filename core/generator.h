@@ -19,11 +19,15 @@ class Generator {
   void set_offset(uint64_t offset) { offset_ = offset; }
   // Returns the current offset and advances past it: one stream per call.
   uint64_t next_offset() { return offset_++; }
-  DropoutSpec dropout(float p) { return DropoutSpec{p, seed_, next_offset()}; }
+  DropoutSpec dropout(float p) { return DropoutSpec{p, seed_, next_offset(), shift_}; }
+  // While set, dropout() specs carry this device pointer (DropoutSpec::offset_shift): a step
+  // being captured into a CUDA graph (Note [CUDA graph step]). nullptr clears it.
+  void set_offset_shift(const uint64_t* device_shift) { shift_ = device_shift; }
 
  private:
   uint64_t seed_;
   uint64_t offset_;
+  const uint64_t* shift_ = nullptr;
 };
 
 }  // namespace ffn

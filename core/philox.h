@@ -131,6 +131,10 @@ struct DropoutSpec {
   float p = 0.0f;
   uint64_t seed = 0;
   uint64_t offset = 0;
+  // Device memory the GPU kernels add to `offset` when set: the calls of a step captured
+  // into a CUDA graph, replayed with each step's shift (Note [CUDA graph step]). Never set
+  // for the CPU (keep() ignores it).
+  const uint64_t* offset_shift = nullptr;
 
   FFN_HD bool active() const { return p > 0.0f; }
   FFN_HD uint32_t threshold() const {

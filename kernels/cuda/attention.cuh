@@ -28,7 +28,8 @@ __device__ __forceinline__ float ex2(float x) {  // 2^x; ex2(−inf) = 0
 // Keep bits of draws e0 … e0+7 (bit j for e0 + j).
 __device__ __forceinline__ u32 keep_bits8(const DeviceMask& m, uint64_t e0) {
   uint64_t blk = e0 >> 3;
-  U32x4 r = philox_block(m.keys, m.offset, blk);
+  const uint64_t off = m.off();
+  U32x4 r = philox_block(m.keys, off, blk);
   u32 bits = 0;
   if ((e0 & 7) == 0) {
 #pragma unroll
@@ -38,7 +39,7 @@ __device__ __forceinline__ u32 keep_bits8(const DeviceMask& m, uint64_t e0) {
   }
   for (int j = 0; j < 8; ++j) {
     const uint64_t e = e0 + j;
-    if ((e >> 3) != blk) r = philox_block(m.keys, m.offset, blk = e >> 3);
+    if ((e >> 3) != blk) r = philox_block(m.keys, off, blk = e >> 3);
     // mask_draw's word, picked by selects: a run-time index into r would put it in local memory.
     const uint32_t q = static_cast<uint32_t>(e & 7) >> 1;
     const uint32_t w = q == 0 ? r.v[0] : q == 1 ? r.v[1] : q == 2 ? r.v[2] : r.v[3];

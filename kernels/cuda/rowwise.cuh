@@ -90,12 +90,19 @@ __device__ __forceinline__ void load_bias(const T* b, int64_t c0, A (&out)[VEC])
 struct DeviceMask {
   PhiloxKeys keys;
   uint64_t offset;
+  const uint64_t* shift;  // DropoutSpec::offset_shift (Note [CUDA graph step]), or nullptr
   uint32_t thr;
   float scale;
   bool active;
 
   static DeviceMask from(const DropoutSpec& d) {
-    return {PhiloxKeys::from(d.seed), d.offset, d.threshold(), d.scale(), d.active()};
+    return {PhiloxKeys::from(d.seed), d.offset, d.offset_shift, d.threshold(), d.scale(),
+            d.active()};
+  }
+
+  // The call's Philox offset: `offset`, plus a captured step's shift when there is one.
+  __device__ __forceinline__ uint64_t off() const {
+    return shift ? offset + __ldg(reinterpret_cast<const unsigned long long*>(shift)) : offset;
   }
 
   template <int VEC, class A>
@@ -107,7 +114,7 @@ struct DeviceMask {
       return;
     }
     const uint64_t i = static_cast<uint64_t>(i0);
-    const U32x4 r = philox_block(keys, offset, i >> 3);
+    const U32x4 r = philox_block(keys, off(), i >> 3);
     if constexpr (VEC == 8) {  // i % 8 == 0: word and half are compile-time
 #pragma unroll
       for (int j = 0; j < 8; ++j)

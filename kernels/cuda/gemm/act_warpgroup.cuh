@@ -184,7 +184,7 @@ struct ActWarpgroup {
 
   // Bit e set when element i0 + e is kept (i0 % 8 == 0: one Philox block, Note [Dropout RNG]).
   __device__ __forceinline__ uint32_t keep_bits(int64_t i0) const {
-    const U32x4 r = philox_block(mask.keys, mask.offset, static_cast<uint64_t>(i0) >> 3);
+    const U32x4 r = philox_block(mask.keys, mask.off(), static_cast<uint64_t>(i0) >> 3);
     uint32_t keep = 0;
 #pragma unroll
     for (int e = 0; e < 8; ++e)

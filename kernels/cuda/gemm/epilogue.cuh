@@ -356,7 +356,7 @@ struct BiasActDropout {
       const float b = bias ? to_acc(bias[col + j]) : 0.0f;
       float g = 1.0f;
       if (mask.active)
-        g = draw_of(philox_block(mask.keys, mask.offset, u >> 3), u) >= mask.thr ? mask.scale : 0.0f;
+        g = draw_of(philox_block(mask.keys, mask.off(), u >> 3), u) >= mask.thr ? mask.scale : 0.0f;
       hd[i0 + j] = from_acc<T>(act_math::value(to_acc(z8[j]) + b, act) * g);
     }
   }
