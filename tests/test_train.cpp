@@ -55,6 +55,8 @@ TEST_CASE("config: defaults, file values, --set overrides, and a lossless dump")
   CHECK(!Config::parse("", "t.toml", {"runtime.fused_attention=false"}).runtime.fused_attention);
   CHECK(c.runtime.fused_classifier);  // default: the loss without the [B·T, V] logits
   CHECK(c.runtime.classifier_chunk == 0);  // automatic
+  CHECK(c.runtime.cuda_graph);  // Note [CUDA graph step]
+  CHECK(!Config::parse("", "t.toml", {"runtime.cuda_graph=false"}).runtime.cuda_graph);
   const Config cls = Config::parse(
       "", "t.toml", {"runtime.fused_classifier=false", "runtime.classifier_chunk=2048"});
   CHECK(!cls.runtime.fused_classifier);
@@ -424,6 +426,47 @@ FFN_GPU_TEST("a GPU run with tuned GEMMs resumes bit-exact: the choices travel i
   CHECK(st.rejected == 0);
   check_same_run(a, b, 8);
   reset_gemm_choices();
+  fs::remove_all(root);
+}
+
+FFN_GPU_TEST("a run with its step in a CUDA graph computes what one without does, bit for bit, "
+             "with and without dropout, and resumes bit-exact; fp16 runs go without") {
+  const fs::path root = temp_dir("cuda-graph");
+  // d_model 1024: fc1's activation and dropout run in the GEMMs' epilogues (kActDropoutMinK),
+  // head 64 on the Hopper attention; small enough for seconds.
+  auto cfg = [](const std::string& dir, const std::vector<std::string>& more) {
+    std::vector<std::string> sets = {"runtime.device=cuda", "model.d_model=1024",
+                                     "model.heads=16", "model.context=128",
+                                     "train.batch_size=8"};
+    sets.insert(sets.end(), more.begin(), more.end());
+    return ffn::test::tiny_run(dir, 8, sets);
+  };
+  TrainOptions quiet;
+  quiet.quiet = true;
+  for (const auto& [tag, dropout] : {std::pair<std::string, std::string>{"0", "model.dropout=0"},
+                                     {"p", "model.dropout=0.1"}}) {
+    CAPTURE(dropout);
+    const std::string a = (root / ("eager" + tag)).string(), b = (root / ("graph" + tag)).string(),
+                      c = (root / ("split" + tag)).string();
+    const TrainResult ra = run_training(cfg(a, {dropout, "runtime.cuda_graph=false"}), quiet);
+    CHECK(ra.graph_steps == 0);
+    const TrainResult rb = run_training(cfg(b, {dropout}), quiet);
+    CHECK(rb.graph_steps == 7);  // the first step runs uncaptured (GEMM choices, caches)
+    check_same_run(a, b, 8);
+    TrainOptions first = quiet;
+    first.stop_after = 4;
+    run_training(cfg(c, {dropout}), first);
+    TrainOptions second = quiet;
+    second.resume = c;
+    const TrainResult rc = run_training(cfg(c, {dropout}), second);
+    CHECK(rc.graph_steps == 3);
+    check_same_run(a, c, 8);
+  }
+  // fp16's loss scale changes between steps: such a run is not captured, and trains.
+  const TrainResult rf =
+      run_training(cfg((root / "fp16").string(), {"runtime.precision=fp16"}), quiet);
+  CHECK(rf.graph_steps == 0);
+  CHECK(rf.iters_done == 8);
   fs::remove_all(root);
 }
 

@@ -170,6 +170,7 @@ std::vector<Field> fields(Config& c) {
       bool_field("runtime.fp32_residual", c.runtime.fp32_residual),
       bool_field("runtime.fused_attention", c.runtime.fused_attention),
       bool_field("runtime.fused_classifier", c.runtime.fused_classifier),
+      bool_field("runtime.cuda_graph", c.runtime.cuda_graph),
       int_field("runtime.classifier_chunk", c.runtime.classifier_chunk, 0, ">= 0"),
       enum_field("data.kind", c.data.kind, kDataKindNames),
       str_field("data.path", c.data.path, {}),
@@ -374,6 +375,9 @@ const std::map<std::string, std::string>& key_docs() {
       {"runtime.fused_attention", "GPU 16-bit runs: the fused attention kernels"},
       {"runtime.fused_classifier", "the loss without storing the [B·T, vocab] logits"},
       {"runtime.classifier_chunk", "rows per chunk of the fused classifier (0: automatic)"},
+      {"runtime.cuda_graph",
+       "GPU runs: capture the training step once as a CUDA graph and replay it (one process, "
+       "no fp16 loss scaling, no gradient accumulation; otherwise said at start)"},
       {"data.kind", "\"synthetic\" (embedded corpus), \"text\" (characters) or \"tokens\" (.bin)"},
       {"data.path", "the text file or token file"},
       {"data.val_path", "tokens: a separate validation file (else the last val_fraction)"},

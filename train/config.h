@@ -62,6 +62,7 @@ struct RuntimeSection {
   bool fused_attention = true;  // GPU bf16/fp16: flash-style attention kernels where they apply
   bool fused_classifier = true;  // the loss without the [B·T, V] logits (Note [Fused classifier])
   int64_t classifier_chunk = 0;  // its rows per chunk; 0: automatic (GPT::classifier_chunk)
+  bool cuda_graph = true;  // the step captured once and replayed (Note [CUDA graph step])
 };
 
 struct DataSection {

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <optional>
@@ -169,27 +170,11 @@ void Trainer::finish_step(int64_t done, double lr) {
   if (eval_now || ckpt_now) s.progress->restart_clock();  // steps exclude evals and saves
 }
 
-// Queues one step's forward, backward and optimizer update; finishes it at once or after
-// the next step is queued.
-void Trainer::step(int64_t it) {
+// One step's forward, backward (micro-batch by micro-batch), gradient sync and update, each
+// kernel launched as it comes; the previous step is finished before the update is queued.
+void Trainer::eager_step(double lr) {
   State& s = *s_;
   const Config& c = s.cfg;
-  const double lr = lr_at(c.train.schedule, it, c.train.lr, c.train.min_lr, c.train.warmup,
-                          s.decay_iters);
-  // The previous step's collectives (Note [Deferred collective check]): its update is
-  // queued behind them, so the GPU stays busy while the host polls, and nothing below
-  // (the batch upload waits for the compute stream) can block on a lost peer.
-  if (s.comm) s.comm->sync_through(s.comm_mark);
-  if (s.comm) s.comm->set_step(it + 1);
-  // Note [GEMM choices]: every rank timed its own GEMM candidates in the first step; from
-  // the second on all use rank 0's, the choices its checkpoints hold, so a resumed run
-  // computes on every rank what this one did.
-  if (it == s.start_iter + 1 && s.comm && s.dev.is_cuda() && gemm_autotune()) {
-    const std::string text =
-        broadcast_text(*s.comm, s.lead ? gemm_choices() : std::string(), 0, s.dev, "GEMM choices");
-    if (!s.lead && !text.empty()) restore_gemm_choices(text, "rank 0's GEMM choices", true);
-  }
-  if (s.profiling) s.comm->profile_point("step");
   // Note [Gradient accumulation]: micro-batch j of the step is shard j·world + rank of one
   // global batch of batch_size · A sequences drawn at the step's cursor, so A micro-batches
   // of B are the rows of one batch of A·B (A = 1: exactly the batches without accumulation).
@@ -266,6 +251,96 @@ void Trainer::step(int64_t it) {
   // start of the next one (Note [Deferred collective check]).
   if (s.comm) s.comm_mark = s.comm->enqueued();
   s.optim->zero_grad();
+}
+
+namespace {
+// Writes `v` into the one-uint64 device tensor `t` (queued on the compute stream).
+void write_u64(Tensor& t, uint64_t v) {
+  Tensor h = Tensor::empty({2}, DType::i32);
+  std::memcpy(h.data_ptr(), &v, sizeof v);
+  t.copy_(h);
+}
+}  // namespace
+
+// Note [CUDA graph step]: the batch goes into the captured step's fixed inputs, the rate into
+// AdamW's decision and the dropout calls' offset shift into graph_shift; the step (forward,
+// backward, update and the gradients' release) is captured the first time and replayed from
+// then on. The capture draws the step's dropout offsets from the generator as an uncaptured
+// step would, with the shift's address in every spec; replay n of a step that draws D
+// offsets runs with shift n·D, so its masks are the ones the uncaptured step n would draw,
+// and the generator is advanced by D as that step would have advanced it.
+void Trainer::replay_step(double lr) {
+  State& s = *s_;
+  const Config& c = s.cfg;
+  const Batch b = sample_batch(s.data.train, c.train.batch_size, c.model.context, s.data_seed,
+                               s.cursor, s.rank, s.world);
+  if (!s.graph_x.defined()) {
+    s.graph_x = b.x.to(s.dev);
+    s.graph_y = b.y.to(s.dev);
+  } else {
+    s.graph_x.copy_(b.x);
+    s.graph_y.copy_(b.y);
+  }
+  s.optim->set_lr(lr);
+  ++s.cursor;
+  if (!s.graph) {
+    auto g = std::make_unique<StepGraph>();
+    s.graph_shift = Tensor::zeros({2}, DType::i32, s.dev);
+    s.graph_offset = s.rng->offset();
+    s.rng->set_offset_shift(static_cast<const uint64_t*>(s.graph_shift.data_ptr()));
+    try {
+      g->capture(s.dev, [&s] {
+        Var loss = s.model->loss(s.graph_x, s.graph_y, /*ids_in_range=*/true);
+        const Tensor seed = Tensor::full({}, s.scaler->scale(), loss.value().dtype(), s.dev);
+        loss.backward(seed);
+        s.optim->queue(loss.value().reshape({1}), s.scaler->scale());
+        s.optim->zero_grad();
+      });
+    } catch (...) {
+      s.rng->set_offset_shift(nullptr);
+      throw;
+    }
+    s.rng->set_offset_shift(nullptr);
+    s.graph_draws = s.rng->offset() - s.graph_offset;
+    s.graph = std::move(g);
+  } else if (s.graph_draws > 0) {
+    write_u64(s.graph_shift, s.rng->offset() - s.graph_offset);
+    s.rng->set_offset(s.rng->offset() + s.graph_draws);
+  }
+  s.graph->launch();
+  ++s.graph_steps;
+}
+
+// Queues one step's forward, backward and optimizer update; finishes it at once or after
+// the next step is queued.
+void Trainer::step(int64_t it) {
+  State& s = *s_;
+  const Config& c = s.cfg;
+  const double lr = lr_at(c.train.schedule, it, c.train.lr, c.train.min_lr, c.train.warmup,
+                          s.decay_iters);
+  // The previous step's collectives (Note [Deferred collective check]): its update is
+  // queued behind them, so the GPU stays busy while the host polls, and nothing below
+  // (the batch upload waits for the compute stream) can block on a lost peer.
+  if (s.comm) s.comm->sync_through(s.comm_mark);
+  if (s.comm) s.comm->set_step(it + 1);
+  // Note [GEMM choices]: every rank timed its own GEMM candidates in the first step; from
+  // the second on all use rank 0's, the choices its checkpoints hold, so a resumed run
+  // computes on every rank what this one did.
+  if (it == s.start_iter + 1 && s.comm && s.dev.is_cuda() && gemm_autotune()) {
+    const std::string text =
+        broadcast_text(*s.comm, s.lead ? gemm_choices() : std::string(), 0, s.dev, "GEMM choices");
+    if (!s.lead && !text.empty()) restore_gemm_choices(text, "rank 0's GEMM choices", true);
+  }
+  if (s.profiling) s.comm->profile_point("step");
+  // Note [CUDA graph step]: from the process's second step on (the first times the GEMM
+  // choices and makes what the layers create once), where the run allows it.
+  if (s.graph_off.empty() && it > s.start_iter) {
+    replay_step(lr);
+    if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
+    s.optim->start_report();
+  } else {
+    eager_step(lr);
+  }
   const int64_t done = it + 1;
   // A step whose outcome nothing needs before the next step is queued is finished one
   // iteration later, after the next forward and backward are queued: the host then never
@@ -335,6 +410,7 @@ TrainResult Trainer::run() {
   res.first_val_loss = s.first_val;
   res.best_val_loss = s.best_val;
   res.skipped_steps = s.optim->skipped();
+  res.graph_steps = s.graph_steps;
   res.world = s.world;
   res.overlap_share = s.buckets_total ? static_cast<double>(s.buckets_overlapped) /
                                             static_cast<double>(s.buckets_total)

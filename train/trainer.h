@@ -60,6 +60,7 @@ struct TrainResult {
   double overlap_share = 0;  // buckets launched during backward / all buckets (world > 1)
   int stop_signal = 0;       // the signal that stopped the run early (0: it ran to the end)
   std::string last_checkpoint;  // written by this process (rank 0), "" if none
+  int64_t graph_steps = 0;      // steps run as a replay of the captured step (Note [CUDA graph step])
 };
 
 // A training run, from its config to its last checkpoint. The constructor does everything
@@ -86,6 +87,8 @@ class Trainer {
   void restore_gemm_choices_from(const std::string& ckpt_dir);
   void announce() const;
   void step(int64_t it);
+  void eager_step(double lr);
+  void replay_step(double lr);
   void finish_step(int64_t done, double lr);
   void evaluate(int64_t done);
   std::string checkpoint(int64_t done);

@@ -254,6 +254,17 @@ void Trainer::build() {
     s.optim = std::make_unique<AdamW>(s.params, ao);
   }
   s.scaler = std::make_unique<LossScaler>(s.dt == DType::f16);
+  // Note [CUDA graph step]: what keeps a GPU run's step from being captured, if anything.
+  if (!s.dev.is_cuda())
+    s.graph_off = "not a GPU run";
+  else if (!c.runtime.cuda_graph)
+    s.graph_off = "runtime.cuda_graph = false";
+  else if (s.world > 1)
+    s.graph_off = "data parallelism (NCCL's collectives are not captured)";
+  else if (s.scaler->enabled())
+    s.graph_off = "fp16 loss scaling (the scale changes between steps)";
+  else if (c.train.grad_accum_steps > 1)
+    s.graph_off = "gradient accumulation";
   if (s.opt.profile_comm && s.sync) {
     s.profiling = true;
     s.comm->profile_start();
@@ -386,6 +397,11 @@ void Trainer::announce() const {
     s.progress->line("resumed from " + s.resume_dir + " at iter " + std::to_string(s.start_iter));
   if (!s.branch.empty())
     s.progress->line("resumed from an older checkpoint: the newer ones moved to " + s.branch);
+  if (s.dev.is_cuda())
+    s.progress->line(s.graph_off.empty()
+                         ? "CUDA graph: the step is captured at iter " +
+                               std::to_string(s.start_iter + 2) + " and replayed after it"
+                         : "CUDA graph: off, " + s.graph_off);
   if (s.zero) {
     double held = 0, full = 0;  // optimizer state bytes: this rank's, and without ZeRO
     for (const auto& [n, t] : s.optim->state()) held += static_cast<double>(t.nbytes());

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/generator.h"
+#include "core/graph.h"
 #include "layers/transformer.h"
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
@@ -72,6 +73,16 @@ struct Trainer::State {
   bool profiling = false;               // --profile-comm under data parallelism
   std::vector<CommEvent> comm_events;   // Note [Communication profile]
   double best_val = INFINITY, last_loss = NAN, first_val = NAN, last_val = NAN;
+  // Note [CUDA graph step]: why the step is not captured ("": it is, from the process's
+  // second step on), the captured step and its fixed inputs, the dropout offsets: the
+  // generator's at the capture, how many a step draws, and the device-side shift a replay
+  // adds to the captured ones (one uint64 in an i32 [2]); and how many steps replayed it.
+  // Last, so the graph is destroyed (its private pool released) before the tensors above.
+  std::string graph_off;
+  Tensor graph_x, graph_y, graph_shift;
+  uint64_t graph_offset = 0, graph_draws = 0;
+  std::unique_ptr<StepGraph> graph;
+  int64_t graph_steps = 0;
 };
 
 namespace detail {
