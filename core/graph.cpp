@@ -1,6 +1,8 @@
 // core/graph.cpp — StepGraph (core/graph.h): stream capture into a private memory pool.
 #include "core/graph.h"
 
+#include <vector>
+
 #include "core/error.h"
 
 #if FFN_WITH_CUDA
@@ -30,6 +32,7 @@ void StepGraph::reset() {
   exec_ = graph_ = nullptr;
   device_ = -1;
   nodes_ = 0;
+  kinds_.clear();
 }
 
 void StepGraph::capture(Device dev, const std::function<void()>& body) {
@@ -70,6 +73,20 @@ void StepGraph::capture(Device dev, const std::function<void()>& body) {
   }
   graph_ = g;
   FFN_CHECK_CUDA(cudaGraphGetNodes(g, nullptr, &nodes_));
+  std::vector<cudaGraphNode_t> nodes(nodes_);
+  if (nodes_ > 0) FFN_CHECK_CUDA(cudaGraphGetNodes(g, nodes.data(), &nodes_));
+  size_t kernels = 0, copies = 0, memsets = 0;
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType t;
+    FFN_CHECK_CUDA(cudaGraphNodeGetType(n, &t));
+    kernels += t == cudaGraphNodeTypeKernel;
+    copies += t == cudaGraphNodeTypeMemcpy;
+    memsets += t == cudaGraphNodeTypeMemset;
+  }
+  kinds_ = std::to_string(kernels) + " kernels, " + std::to_string(copies) + " copies, " +
+           std::to_string(memsets) + " memsets";
+  if (kernels + copies + memsets < nodes_)
+    kinds_ += ", " + std::to_string(nodes_ - kernels - copies - memsets) + " other nodes";
   cudaGraphExec_t x = nullptr;
   FFN_CHECK_CUDA(cudaGraphInstantiate(&x, g, 0));
   exec_ = x;

@@ -30,6 +30,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
 
 #include "core/device.h"
 
@@ -50,6 +51,8 @@ class StepGraph {
   void launch() const;
   bool captured() const { return exec_ != nullptr; }
   size_t nodes() const { return nodes_; }
+  // The captured nodes by kind, e.g. "349 kernels, 40 copies, 12 memsets".
+  std::string describe() const { return kinds_; }
 
  private:
   void reset();
@@ -57,6 +60,7 @@ class StepGraph {
   void* exec_ = nullptr;   // cudaGraphExec_t
   int device_ = -1;
   size_t nodes_ = 0;
+  std::string kinds_;
 };
 
 }  // namespace ffn

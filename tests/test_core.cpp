@@ -333,6 +333,7 @@ TEST_CASE("StepGraph: a captured sequence runs only when replayed, reads its inp
   });
   CHECK(g.captured());
   CHECK(g.nodes() >= 2);
+  CHECK(g.describe().find(" kernels, ") != std::string::npos);
   CHECK(cuda_alloc::is_private_block(scratch, 0));
   CHECK(out.to_vector()[0] == 0.0);  // nothing ran during the capture
   g.launch();

@@ -303,6 +303,7 @@ void Trainer::replay_step(double lr) {
     s.rng->set_offset_shift(nullptr);
     s.graph_draws = s.rng->offset() - s.graph_offset;
     s.graph = std::move(g);
+    s.progress->line("CUDA graph: captured the step: " + s.graph->describe());
   } else if (s.graph_draws > 0) {
     write_u64(s.graph_shift, s.rng->offset() - s.graph_offset);
     s.rng->set_offset(s.rng->offset() + s.graph_draws);
