@@ -378,14 +378,15 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
         FFN_CHECK_LAUNCH();
         if (dh && dh_sum && !sum_dh) bias_grad(*dh, *dh_sum);
         if (!partials.defined()) return;
-        Tensor all = Tensor::empty({sets * c}, w.dtype(), w.device());
+        // Each set's sums straight into its tensor, no copies (a captured step had 3 copy
+        // nodes per norm); the front door checks that dw, db and dh_sum are contiguous [c]
+        // tensors of w's dtype on its device.
+        auto ptr = [](Tensor* t) { return t ? dptr<T>(*t) : nullptr; };
+        const PartialsOut<T> out(ptr(dw), ptr(db), sum_dh ? ptr(dh_sum) : nullptr, c);
         reduce_partials_kernel<float, T>
             <<<static_cast<unsigned>((sets * c + 31) / 32), dim3(32, 8), 0, stream(dev)>>>(
-                partials.data<float>(), blocks, sets * c, dptr<T>(all));
+                partials.data<float>(), blocks, sets * c, out);
         FFN_CHECK_LAUNCH();
-        if (dw) dw->copy_(all.narrow(0, 0, c));
-        if (db) db->copy_(all.narrow(0, c, c));
-        if (sum_dh) dh_sum->copy_(all.narrow(0, 2 * c, c));
         return;
       }
     }

@@ -199,10 +199,28 @@ __global__ void __launch_bounds__(32 * kRowwiseWarps, kMinBlocksPerSm)
   }
 }
 
+// Where reduce_partials_kernel writes column c of its `width`: out[c], or, split into up to
+// three outputs of `part` columns each, outs[c / part][c % part] (a null output is skipped),
+// so sums of several tensors land in their own tensors without copies.
+template <class T>
+struct PartialsOut {
+  T* outs[3] = {nullptr, nullptr, nullptr};
+  int64_t part = 0;  // 0: one output, outs[0], of all `width` columns
+  PartialsOut() = default;
+  PartialsOut(T* out) : outs{out, nullptr, nullptr} {}  // NOLINT: the one-output case
+  PartialsOut(T* a, T* b, T* c, int64_t p) : outs{a, b, c}, part(p) {}
+  __device__ __forceinline__ T* at(int64_t c) const {
+    if (part == 0) return outs[0] + c;
+    const int64_t k = c / part;  // picked by selects: a run-time index would use local memory
+    T* o = k == 0 ? outs[0] : k == 1 ? outs[1] : outs[2];
+    return o ? o + (c - k * part) : nullptr;
+  }
+};
+
 // Block: 32 columns × 8 chunk groups (Note [Deterministic column sums], stage 2).
 template <class A, class T>
 __global__ void __launch_bounds__(256)
-    reduce_partials_kernel(const A* partials, int64_t chunks, int64_t width, T* out) {
+    reduce_partials_kernel(const A* partials, int64_t chunks, int64_t width, PartialsOut<T> out) {
   __shared__ A part[8][32];
   const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
   A sum = A(0);
@@ -214,7 +232,7 @@ __global__ void __launch_bounds__(256)
     A total = part[0][threadIdx.x];
 #pragma unroll
     for (int g = 1; g < 8; ++g) total += part[g][threadIdx.x];
-    out[c] = from_acc<T>(total);
+    if (T* o = out.at(c)) *o = from_acc<T>(total);
   }
 }
 
