@@ -25,7 +25,7 @@
 //    across replays (parameters, gradients, optimizer state, the inputs) exist before the
 //    capture or are created inside it and kept.
 // The trainer (train/trainer.cpp, Trainer::replay_step) captures its second step and replays
-// it; a graphed run computes what an uncaptured one does, bit for bit (tests/test_train.cpp).
+// it, all its micro-batches under gradient accumulation; a graphed run computes what an uncaptured one does, bit for bit (tests/test_train.cpp).
 #pragma once
 
 #include <cstddef>

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "kernels/gemm.h"
 #include "optim/adamw.h"
@@ -430,7 +431,8 @@ FFN_GPU_TEST("a GPU run with tuned GEMMs resumes bit-exact: the choices travel i
 }
 
 FFN_GPU_TEST("a run with its step in a CUDA graph computes what one without does, bit for bit, "
-             "with and without dropout, and resumes bit-exact; fp16 runs go without") {
+             "with and without dropout and gradient accumulation, and resumes bit-exact; fp16 "
+             "runs go without") {
   const fs::path root = temp_dir("cuda-graph");
   // d_model 1024: fc1's activation and dropout run in the GEMMs' epilogues (kActDropoutMinK),
   // head 64 on the Hopper attention; small enough for seconds.
@@ -443,22 +445,27 @@ FFN_GPU_TEST("a run with its step in a CUDA graph computes what one without does
   };
   TrainOptions quiet;
   quiet.quiet = true;
-  for (const auto& [tag, dropout] : {std::pair<std::string, std::string>{"0", "model.dropout=0"},
-                                     {"p", "model.dropout=0.1"}}) {
+  // Without dropout, with it, and with it over 2 accumulated micro-batches of 8.
+  for (const auto& [tag, dropout, accum] :
+       {std::tuple<std::string, std::string, std::string>{"0", "model.dropout=0", "train.grad_accum_steps=1"},
+        {"p", "model.dropout=0.1", "train.grad_accum_steps=1"},
+        {"a", "model.dropout=0.1", "train.grad_accum_steps=2"}}) {
     CAPTURE(dropout);
+    CAPTURE(accum);
     const std::string a = (root / ("eager" + tag)).string(), b = (root / ("graph" + tag)).string(),
                       c = (root / ("split" + tag)).string();
-    const TrainResult ra = run_training(cfg(a, {dropout, "runtime.cuda_graph=false"}), quiet);
+    const TrainResult ra =
+        run_training(cfg(a, {dropout, accum, "runtime.cuda_graph=false"}), quiet);
     CHECK(ra.graph_steps == 0);
-    const TrainResult rb = run_training(cfg(b, {dropout}), quiet);
+    const TrainResult rb = run_training(cfg(b, {dropout, accum}), quiet);
     CHECK(rb.graph_steps == 7);  // the first step runs uncaptured (GEMM choices, caches)
     check_same_run(a, b, 8);
     TrainOptions first = quiet;
     first.stop_after = 4;
-    run_training(cfg(c, {dropout}), first);
+    run_training(cfg(c, {dropout, accum}), first);
     TrainOptions second = quiet;
     second.resume = c;
-    const TrainResult rc = run_training(cfg(c, {dropout}), second);
+    const TrainResult rc = run_training(cfg(c, {dropout, accum}), second);
     CHECK(rc.graph_steps == 3);
     check_same_run(a, c, 8);
   }

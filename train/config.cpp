@@ -377,7 +377,7 @@ const std::map<std::string, std::string>& key_docs() {
       {"runtime.classifier_chunk", "rows per chunk of the fused classifier (0: automatic)"},
       {"runtime.cuda_graph",
        "GPU runs: capture the training step once as a CUDA graph and replay it (one process, "
-       "no fp16 loss scaling, no gradient accumulation; otherwise said at start)"},
+       "no fp16 loss scaling; otherwise said at start)"},
       {"data.kind", "\"synthetic\" (embedded corpus), \"text\" (characters) or \"tokens\" (.bin)"},
       {"data.path", "the text file or token file"},
       {"data.val_path", "tokens: a separate validation file (else the last val_fraction)"},

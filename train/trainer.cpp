@@ -170,9 +170,9 @@ void Trainer::finish_step(int64_t done, double lr) {
   if (eval_now || ckpt_now) s.progress->restart_clock();  // steps exclude evals and saves
 }
 
-// One step's forward, backward (micro-batch by micro-batch), gradient sync and update, each
-// kernel launched as it comes; the previous step is finished before the update is queued.
-void Trainer::eager_step(double lr) {
+// The step's forward and backward passes, micro-batch by micro-batch, on the inputs
+// `batch(j)` gives for micro-batch j; returns the step's loss (a one-element tensor).
+Tensor Trainer::forward_backward(const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch) {
   State& s = *s_;
   const Config& c = s.cfg;
   // Note [Gradient accumulation]: micro-batch j of the step is shard j·world + rank of one
@@ -184,13 +184,11 @@ void Trainer::eager_step(double lr) {
   const int64_t A = c.train.grad_accum_steps;
   Tensor lt;
   for (int64_t j = 0; j < A; ++j) {
-    const Batch b = sample_batch(s.data.train, c.train.batch_size * A, c.model.context,
-                                 s.data_seed, s.cursor, static_cast<int>(j) * s.world + s.rank,
-                                 static_cast<int>(A) * s.world);
     const bool last = j == A - 1;
+    const auto [x, y] = batch(j);
     // Every token is < vocab_size (Note [Token ids in range]), so the per-step GPU range
     // checks and their syncs are skipped.
-    Var loss = s.model->loss(b.x.to(s.dev), b.y.to(s.dev), /*ids_in_range=*/true);
+    Var loss = s.model->loss(x, y, /*ids_in_range=*/true);
     const Tensor seed = Tensor::full({}, s.scaler->scale() / static_cast<double>(A),
                                      loss.value().dtype(), s.dev);
     if (A == 1) {
@@ -226,8 +224,22 @@ void Trainer::eager_step(double lr) {
       loss.backward(seed, hook);
     else
       loss.backward(seed);
-    loss = Var();
   }
+  return lt;
+}
+
+// One step's forward, backward (micro-batch by micro-batch), gradient sync and update, each
+// kernel launched as it comes; the previous step is finished before the update is queued.
+void Trainer::eager_step(double lr) {
+  State& s = *s_;
+  const Config& c = s.cfg;
+  const int64_t A = c.train.grad_accum_steps;
+  Tensor lt = forward_backward([&](int64_t j) {
+    const Batch b = sample_batch(s.data.train, c.train.batch_size * A, c.model.context,
+                                 s.data_seed, s.cursor, static_cast<int>(j) * s.world + s.rank,
+                                 static_cast<int>(A) * s.world);
+    return std::make_pair(b.x.to(s.dev), b.y.to(s.dev));
+  });
   ++s.cursor;
   if (s.sync) {
     if (s.profiling) s.comm->profile_point("backward");
@@ -272,14 +284,18 @@ void write_u64(Tensor& t, uint64_t v) {
 void Trainer::replay_step(double lr) {
   State& s = *s_;
   const Config& c = s.cfg;
-  const Batch b = sample_batch(s.data.train, c.train.batch_size, c.model.context, s.data_seed,
-                               s.cursor, s.rank, s.world);
-  if (!s.graph_x.defined()) {
-    s.graph_x = b.x.to(s.dev);
-    s.graph_y = b.y.to(s.dev);
-  } else {
-    s.graph_x.copy_(b.x);
-    s.graph_y.copy_(b.y);
+  const int64_t A = c.train.grad_accum_steps;
+  for (int64_t j = 0; j < A; ++j) {  // the micro-batches eager_step would draw
+    const Batch b = sample_batch(s.data.train, c.train.batch_size * A, c.model.context,
+                                 s.data_seed, s.cursor, static_cast<int>(j) * s.world + s.rank,
+                                 static_cast<int>(A) * s.world);
+    if (static_cast<int64_t>(s.graph_x.size()) <= j) {
+      s.graph_x.push_back(b.x.to(s.dev));
+      s.graph_y.push_back(b.y.to(s.dev));
+    } else {
+      s.graph_x[j].copy_(b.x);
+      s.graph_y[j].copy_(b.y);
+    }
   }
   s.optim->set_lr(lr);
   ++s.cursor;
@@ -289,11 +305,10 @@ void Trainer::replay_step(double lr) {
     s.graph_offset = s.rng->offset();
     s.rng->set_offset_shift(static_cast<const uint64_t*>(s.graph_shift.data_ptr()));
     try {
-      g->capture(s.dev, [&s] {
-        Var loss = s.model->loss(s.graph_x, s.graph_y, /*ids_in_range=*/true);
-        const Tensor seed = Tensor::full({}, s.scaler->scale(), loss.value().dtype(), s.dev);
-        loss.backward(seed);
-        s.optim->queue(loss.value().reshape({1}), s.scaler->scale());
+      g->capture(s.dev, [this, &s] {
+        const Tensor lt = forward_backward(
+            [&s](int64_t j) { return std::make_pair(s.graph_x[j], s.graph_y[j]); });
+        s.optim->queue(lt, s.scaler->scale());
         s.optim->zero_grad();
       });
     } catch (...) {

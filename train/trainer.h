@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "layers/transformer.h"
 #include "train/config.h"
@@ -87,6 +88,7 @@ class Trainer {
   void restore_gemm_choices_from(const std::string& ckpt_dir);
   void announce() const;
   void step(int64_t it);
+  Tensor forward_backward(const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch);
   void eager_step(double lr);
   void replay_step(double lr);
   void finish_step(int64_t done, double lr);

@@ -263,8 +263,6 @@ void Trainer::build() {
     s.graph_off = "data parallelism (NCCL's collectives are not captured)";
   else if (s.scaler->enabled())
     s.graph_off = "fp16 loss scaling (the scale changes between steps)";
-  else if (c.train.grad_accum_steps > 1)
-    s.graph_off = "gradient accumulation";
   if (s.opt.profile_comm && s.sync) {
     s.profiling = true;
     s.comm->profile_start();

@@ -79,7 +79,8 @@ struct Trainer::State {
   // adds to the captured ones (one uint64 in an i32 [2]); and how many steps replayed it.
   // Last, so the graph is destroyed (its private pool released) before the tensors above.
   std::string graph_off;
-  Tensor graph_x, graph_y, graph_shift;
+  std::vector<Tensor> graph_x, graph_y;  // one per micro-batch
+  Tensor graph_shift;
   uint64_t graph_offset = 0, graph_draws = 0;
   std::unique_ptr<StepGraph> graph;
   int64_t graph_steps = 0;
