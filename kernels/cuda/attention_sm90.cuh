@@ -93,35 +93,41 @@ constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
 [[maybe_unused]] constexpr uint32_t kBox64 = 64 * kRowBytes;  // one 64-row tile's bytes
 
 // Shared memory of one CTA: two slots of two resident 128-row tiles, STAGES stages of two
-// streamed SROWS-row tiles (all 1024-byte aligned for the 128-byte swizzle), the warps' mask
-// bytes, the consumers' row statistics, the barriers.
-template <int SROWS, int STAGES>
+// streamed SROWS-row tiles, EXTRA bytes of the kernel's own (all 1024-byte aligned for the
+// 128-byte swizzle), the warps' mask bytes, the consumers' row statistics, the barriers
+// (the ring's and the slots', and 4 more the kernel may use for its extra area).
+template <int SROWS, int STAGES, int EXTRA = 0>
 struct Pipe {
+  static_assert(EXTRA % 1024 == 0);
   static constexpr int kResBytes = 128 * kRowBytes;
   static constexpr int kTileBytes = SROWS * kRowBytes;
   static constexpr int kStageBytes = 2 * kTileBytes;
   static constexpr int kMaskBytes = 8 * 256;       // 8 consumer warps × 256 bytes
   static constexpr int kStatFloats = 2 * 2 * 128;  // 2 warpgroups × 2 buffers × 128
-  static constexpr int kSmem = 1024 + 4 * kResBytes + STAGES * kStageBytes + kMaskBytes +
-                               kStatFloats * 4 + (2 * STAGES + 4) * 8;
+  static constexpr int kSmem = 1024 + 4 * kResBytes + STAGES * kStageBytes + EXTRA +
+                               kMaskBytes + kStatFloats * 4 + (2 * STAGES + 8) * 8;
 
   uint8_t* tiles;
+  uint8_t* extra;
   uint8_t* mask;
   float* stats;
   uint64_t* full;
   uint64_t* empty;
   uint64_t* res_full;   // [2] a slot of resident tiles has landed
   uint64_t* res_empty;  // [2] its unit is done with it (one arrival per consumer warp)
+  uint64_t* aux;        // [4] the kernel's (initialised by it)
 
   __device__ static Pipe carve(uint8_t* raw) {
     Pipe p;
     p.tiles = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
-    p.mask = p.tiles + 4 * kResBytes + STAGES * kStageBytes;
+    p.extra = p.tiles + 4 * kResBytes + STAGES * kStageBytes;
+    p.mask = p.extra + EXTRA;
     p.stats = reinterpret_cast<float*>(p.mask + kMaskBytes);
     p.full = reinterpret_cast<uint64_t*>(p.stats + kStatFloats);
     p.empty = p.full + STAGES;
     p.res_full = p.empty + STAGES;
     p.res_empty = p.res_full + 2;
+    p.aux = p.res_empty + 2;
     return p;
   }
   // Resident tile i of slot `slot` (units alternate between two slots, so the producer
@@ -141,6 +147,7 @@ struct Pipe {
       mbar_init(&res_full[slot], 1);
       mbar_init(&res_empty[slot], 8);
     }
+    for (int i = 0; i < 4; ++i) mbar_init(&aux[i], 1);
     fence_barrier_init();
   }
 };
@@ -158,10 +165,10 @@ struct RingPos {
   int stage = 0;
   uint32_t phase = 0;
 };
-template <int SROWS, int STAGES>
-__device__ void produce(const Pipe<SROWS, STAGES>& p, RingPos& at, int j, Load r0, Load r1,
+template <int SROWS, int STAGES, int EXTRA>
+__device__ void produce(const Pipe<SROWS, STAGES, EXTRA>& p, RingPos& at, int j, Load r0, Load r1,
                         int res_row, Load s0, Load s1, int srow0, int n, int b) {
-  using P = Pipe<SROWS, STAGES>;
+  using P = Pipe<SROWS, STAGES, EXTRA>;
   const int slot = j & 1;
   mbar_wait(&p.res_empty[slot], ((j >> 1) & 1) ^ 1);
   mbar_arrive_expect_tx(&p.res_full[slot], (r1.map ? 2 : 1) * P::kResBytes);
@@ -180,18 +187,29 @@ __device__ void produce(const Pipe<SROWS, STAGES>& p, RingPos& at, int j, Load r
 // The roles of a persistent kernel over its CTA's units (x, x + gridDim.x, …): thread 0 of
 // warpgroup 0 calls produce_unit(j, u) for the j-th; the consumer warpgroups call
 // consume_unit(j, u, base), which returns the unit's streamed tiles, base counting those
-// before it (the ring position). Each role is one branch, as setmaxnreg needs (HOPPER.md).
-template <class Produce, class Consume>
+// before it (the ring position); thread 32 (warpgroup 0's second warp) calls side() once,
+// where the kernel has a third role. Each warpgroup's role is one branch, as setmaxnreg needs
+// (HOPPER.md).
+struct NoSide {
+  __device__ void operator()() const {}
+};
+template <int PRODUCER_REGS = 24, int CONSUMER_REGS = 240, class Produce, class Consume,
+          class Side = NoSide>
 __device__ __forceinline__ void run_units(const Units& units, const Produce& produce_unit,
-                                          const Consume& consume_unit) {
+                                          const Consume& consume_unit, const Side& side = {}) {
+  // setmaxnreg.inc waits for registers the other warpgroups released: the kernel starts
+  // with 168 a thread (384 threads, one CTA an SM), so the total has to stay within that.
+  static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168);
   if (threadIdx.x < 128) {
-    regs_dealloc<24>();
+    regs_dealloc<PRODUCER_REGS>();
     if (threadIdx.x == 0) {
       int j = 0;
       for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) produce_unit(j, u);
+    } else if (threadIdx.x == 32) {
+      side();
     }
   } else {
-    regs_alloc<240>();
+    regs_alloc<CONSUMER_REGS>();
     int j = 0, base = 0;
     for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j)
       base += consume_unit(j, u, base);

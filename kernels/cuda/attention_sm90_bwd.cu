@@ -1,6 +1,10 @@
 // kernels/cuda/attention_sm90_bwd.cu — the Hopper attention backward (Note [Hopper
-// attention], attention_sm90.cuh): dq, which also writes D = rowsum(dY ⊙ Y), then dk/dv.
+// attention], attention_sm90.cuh; Note [Attention backward in one pass] below): D =
+// rowsum(dY ⊙ Y); dk/dv, which also sums dQ's partial products into an fp32 buffer in a
+// fixed order; dq from that buffer.
 #include "kernels/cuda/attention_sm90.cuh"
+
+#include <cstdlib>
 
 namespace ffn::cuda {
 namespace attn90 {
@@ -9,6 +13,74 @@ namespace {
 // Both kernels stream 64-row tiles (dk/dv holds dK and dV as well as S and dP).
 constexpr int kBwdRows = 64, kBwdStages = 6;
 using BwdPipe = Pipe<kBwdRows, kBwdStages>;
+
+// Note [Attention backward in one pass]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// dk/dv computes dSᵀ for its 128 keys against every 64-query tile at or after them; dQ of
+// that tile is dS·K over those 128 keys, so it is computed there too (FlashAttention-2/3's
+// single backward pass: 5 products per tile instead of the split kernels' 7) and the
+// partial sums of the key blocks are added up in global memory:
+// - Each consumer warpgroup writes its 64 rows of dSᵀ (16-bit, as packed for dK) into a
+//   shared tile laid out like the resident K tile (128 key rows × 64 queries, 128-byte
+//   swizzle); after a barrier of both warpgroups, warpgroup gt % 2 (gt: the CTA's tile
+//   count) issues dQ = dS·K with A read M-major from that tile and B the resident K tile read
+//   N-major, K = 128 keys. Two such tiles alternate: the issuer waits for its product before
+//   the next tile's barrier, so a tile is rewritten only after its product read it.
+// - The issuer stores dQ (fp32, in its accumulator-fragment order: float4 i of thread x at
+//   i·128 + x) to its staging buffer and signals the writer thread (warpgroup 0's second
+//   warp), which copies it with one bulk copy into the tile's 16 KiB of the [B·H, ⌈T/64⌉,
+//   64·64] fp32 buffer dqacc: key block 0 writes, the others add (cp.reduce.async.bulk).
+// - Deterministic: the contributions to a query tile are added in key-block order. A counter
+//   per (head, query tile) holds how many key blocks have added theirs; the writer of key
+//   block kb waits until it reads kb, adds, waits for its copy to complete, and stores kb + 1
+//   (release/acquire at GPU scope, with proxy fences around the bulk copies). No wait can
+//   deadlock: a unit waits only for units of a lower index (Units orders key blocks first),
+//   which run on CTAs that are resident (a persistent grid no larger than the SMs) and take
+//   their units in index order.
+// - dq_convert then reads each tile in the same fragment order, scales it, rotates it back
+//   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y) comes from dsum_kernel
+//   before dk/dv, as the split dq kernel used to write it.
+constexpr int kDsBytes = 128 * kRowBytes;       // one dS tile: 128 key rows × 64 queries
+constexpr int kDqFloats = 64 * kD;              // one query tile of dQ
+constexpr int kDqBytes = kDqFloats * 4;         // 16 KiB
+constexpr int kMergedStages = 5;
+// Named barriers of both consumer warpgroups (1 and 2 are each one's own): dS tile b is
+// full (kDsFull + b), dS tile b has been read by the dQ product (kDsRead + b).
+[[maybe_unused]] constexpr int kDsFull = 3, kDsRead = 5;
+using MergedPipe = Pipe<kBwdRows, kMergedStages, 2 * kDsBytes + 2 * kDqBytes>;
+[[maybe_unused]] __device__ __forceinline__ uint8_t* ds_tile(const MergedPipe& p, int b) {
+  return p.extra + b * kDsBytes;
+}
+[[maybe_unused]] __device__ __forceinline__ float* dq_stage(const MergedPipe& p, int c) {
+  return reinterpret_cast<float*>(p.extra + 2 * kDsBytes + c * kDqBytes);
+}
+// aux barriers: [c] staging buffer c is full (the issuer's arrival), [2 + c] it is free again
+// (the writer's).
+
+__device__ __forceinline__ void bulk_copy_out(float* dst, const float* src, int bytes, bool add) {
+  if (add)
+    asm volatile(
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+        "r"(smem_addr(src)), "r"(bytes)
+        : "memory");
+  else
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(smem_addr(src)), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void wait_counter(const int* c, int value) {
+  int v;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(c) : "memory");
+    if (v >= value) break;
+    __nanosleep(32);
+  }
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void set_counter(int* c, int value) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(c), "r"(value) : "memory");
+}
 
 // ---------------------------------------------------------------------------------------
 // dq: 128 queries per CTA, 64-key tiles; writes dsum = D for dk/dv.
@@ -179,10 +251,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---------------------------------------------------------------------------------------
 // Backward dk/dv: 128 keys per CTA, 64-query tiles from the diagonal on.
 
-template <class T, bool DROP>
-__device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
+template <class T, bool DROP, bool MERGED, class P>
+__device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int base, int64_t bh,
                             const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
-                            const DeviceMask& mask, const float2* rope) {
+                            const DeviceMask& mask, const float2* rope, bool last_unit) {
+  constexpr int kStages = MERGED ? kMergedStages : kBwdStages;
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, kw = k0 + 64 * c + 16 * warp;  // the warp's first key
@@ -209,7 +282,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
       st[64 + tid] = i < t ? dsum[bh * t + i] : 0.0f;
     }
     named_barrier_sync(1 + c, 128);
-    const Slot<kBwdStages> at(base + it);
+    const Slot<kStages> at(base + it);
     mbar_wait(&p.full[at.stage], at.phase);
     wgmma_fence();
     mma_scores<64, T>(s, kd, smem_desc_k128(p.tile(at.stage, 0)));
@@ -217,7 +290,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     wgmma_commit();
   };
   auto issue_dkv = [&](int it) {
-    const int stage = Slot<kBwdStages>(base + it).stage;
+    const int stage = Slot<kStages>(base + it).stage;
     mma_rows<64, T>(dv, pa, smem_desc_mn128(p.tile(stage, 1), kBox64));
     mma_rows<64, T>(dk, da, smem_desc_mn128(p.tile(stage, 0), kBox64));
     wgmma_commit();
@@ -263,6 +336,53 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     else
       run.template operator()<false>();
   };
+  // Note [Attention backward in one pass]: dSᵀ of tile it into the shared dS tile; the
+  // warpgroup whose turn it is multiplies it by K and hands dQ to the writer. The barriers
+  // kDsFull + b (the other warpgroup arrives, the issuer waits) and kDsRead + b (the issuer
+  // arrives once its product is done, the other waits before writing tile b again) let the
+  // warpgroups drift apart by up to a tile, so one's dQ product runs beside the other's work.
+  auto dq_part = [&](int it) {
+    if constexpr (MERGED) {
+      const int gt = base + it, tb = gt & 1;
+      const bool issuer = tb == c;
+      if (!issuer && gt >= 2) named_barrier_sync(kDsRead + tb, 256);
+      uint8_t* dst = ds_tile(p, tb);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // da[kk][q]: key row gr (+8 if q odd), queries
+          const int row = 64 * c + 16 * warp + gr + 8 * (q & 1);  // 16kk + 8(q/2) + 2cq, +1
+          const int chunk = 2 * kk + (q >> 1);
+          *reinterpret_cast<u32*>(dst + row * kRowBytes + ((chunk ^ gr) << 4) + 4 * cq) =
+              da[kk][q];
+        }
+      fence_proxy_async_smem();
+      if (!issuer) {
+        named_barrier_arrive(kDsFull + tb, 256);
+        return;
+      }
+      named_barrier_sync(kDsFull + tb, 256);
+      float dq[32];
+      wgmma_fence();
+      const uint64_t ad = smem_desc_mn128(dst, kBox64);
+      const uint64_t bd = smem_desc_mn128(p.resident(j & 1, 0), kBox64);
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)  // 16 keys (2048 bytes of both tiles) per step
+        Wgmma<64, T>::template mma<1, 1>(dq, ad + kk * 128, bd + kk * 128, kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(dq);
+      named_barrier_arrive(kDsRead + tb, 256);
+      mbar_wait(&p.aux[2 + c], ((gt >> 1) & 1) ^ 1);  // the writer is done with the buffer
+      float4* st = reinterpret_cast<float4*>(dq_stage(p, c));
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        st[i * 128 + tid] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+      fence_proxy_async_smem();
+      named_barrier_sync(1 + c, 128);
+      if (tid == 0) mbar_arrive(&p.aux[c]);
+    }
+  };
   issue_scores(0);
   wgmma_wait<0>();
   fence_accumulators(s);
@@ -270,6 +390,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   grads(0);
   to_a<T, 64>(s, pa);
   to_a<T, 64>(dp, da);
+  dq_part(0);
   for (int it = 1; it < nit; ++it) {
     issue_scores(it);
     issue_dkv(it - 1);
@@ -282,9 +403,10 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     fence_accumulators(dk);
     fence_operands(pa);
     fence_operands(da);
-    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(base + it - 1).stage]);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kStages>(base + it - 1).stage]);
     to_a<T, 64>(s, pa);
     to_a<T, 64>(dp, da);
+    dq_part(it);
   }
   wgmma_fence();
   issue_dkv(nit - 1);
@@ -293,8 +415,13 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   fence_accumulators(dk);
   fence_operands(pa);
   fence_operands(da);
+  if constexpr (MERGED)
+    if (last_unit) {  // the CTA's last two tiles: each kDsRead + b arrival gets its wait
+      for (int gt = base + nit - 2; gt < base + nit; ++gt)
+        if (gt >= 0 && (gt & 1) != c) named_barrier_sync(kDsRead + (gt & 1), 256);
+    }
   if (lane == 0) {
-    mbar_arrive(&p.empty[Slot<kBwdStages>(base + nit - 1).stage]);
+    mbar_arrive(&p.empty[Slot<kStages>(base + nit - 1).stage]);
     mbar_arrive(&p.res_empty[j & 1]);
   }
   const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
@@ -303,14 +430,55 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
 }
 
-template <class T, bool DROP, bool ROPE>
+// The writer thread of Note [Attention backward in one pass]: the CTA's dQ tiles, in the
+// consumers' order, each added into dqacc after the key blocks before it.
+[[maybe_unused]] __device__ void write_dq(const Units& units, int64_t t, float* dqacc, int* counters) {
+  // (32-bit unit indices, pointers advanced per tile, the pipe's addresses carved again
+  // here: this thread has 32 registers.)
+  extern __shared__ uint8_t smem_raw[];
+  const MergedPipe p = MergedPipe::carve(smem_raw);
+  const int qtiles = static_cast<int>((t + 63) / 64), count = static_cast<int>(units.count());
+  const int heads = static_cast<int>(units.bh_count);
+  uint32_t gt = 0;
+  int* pending = nullptr;  // the last tile's counter, set once its copy is complete
+  int pending_value = 0;
+  for (int u = blockIdx.x; u < count; u += gridDim.x) {
+    const int kb = u / heads;                           // Units::rank
+    const int first = (u % heads) * qtiles + 2 * kb;    // Units::bh's first query tile
+    float* dst = dqacc + static_cast<int64_t>(first) * kDqFloats;
+    int* counter = counters + first;
+    for (int it = 2 * kb; it < qtiles; ++it, ++gt, dst += kDqFloats, ++counter) {
+      const int c = gt & 1;
+      mbar_wait(&p.aux[c], (gt >> 1) & 1);
+      // The previous tile's copy ran while the consumers made this one; its counter moves
+      // once it is complete, before any wait on another CTA (which might wait on it).
+      if (pending) {
+        tma_store_wait_all();
+        set_counter(pending, pending_value);
+      }
+      if (kb > 0) wait_counter(counter, kb);
+      bulk_copy_out(dst, dq_stage(p, c), kDqBytes, kb > 0);
+      tma_store_commit();
+      tma_store_wait_read<0>();  // the staging buffer is read: the consumers may refill it
+      mbar_arrive(&p.aux[2 + c]);
+      pending = counter, pending_value = kb + 1;
+    }
+  }
+  if (pending) {
+    tma_store_wait_all();
+    set_counter(pending, pending_value);
+  }
+}
+
+template <class T, bool DROP, bool ROPE, bool MERGED>
 __global__ void __launch_bounds__(kThreads, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
                const __grid_constant__ CUtensorMap qkv64, const __grid_constant__ CUtensorMap dy64,
                const float* lse, const float* dsum, T* dqkv, Geometry g, Units units,
-               DeviceMask mask, const float2* rope) {
+               DeviceMask mask, const float2* rope, float* dqacc, int* counters) {
 #if FFN_ATTN_SM90_CODE
-  const BwdPipe p = begin_cta<BwdPipe>(&qkv128, &qkv64, &dy64);
+  using P = std::conditional_t<MERGED, MergedPipe, BwdPipe>;
+  const P p = begin_cta<P>(&qkv128, &qkv64, &dy64);
   // Unit u: key block k0 of head bh (the first blocks, most query tiles, first) and its
   // query tiles from the diagonal on.
   auto unit = [&](int64_t u, int64_t& bh, int64_t& k0, int& nit) {
@@ -319,7 +487,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     nit = static_cast<int>((g.t - k0 + 63) / 64);
   };
   RingPos at;
-  run_units(
+  auto side = [units, t = g.t, dqacc, counters] {
+    if constexpr (MERGED) write_dq(units, t, dqacc, counters);
+  };
+  // The writer thread needs more than 24 registers: the consumers give up 8 each (at 32,
+  // ptxas spills the writer; 240 for the consumers leaves the producers too few).
+  run_units<MERGED ? 40 : 24, MERGED ? 232 : 240>(
       units,
       [&](int j, int64_t u) {
         int64_t bh, k0;
@@ -334,10 +507,62 @@ __global__ void __launch_bounds__(kThreads, 1)
         int64_t bh, k0;
         int nit;
         unit(u, bh, k0, nit);
-        dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
-                             mask, ROPE ? rope : nullptr);
+        dkv_consume<T, DROP, MERGED>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv,
+                                     k0, nit, mask, ROPE ? rope : nullptr,
+                                     u + gridDim.x >= units.count());
         return nit;
-      });
+      },
+      side);
+#endif
+}
+
+// D_i = dy_i·y_i per (head, query), fp32 from the 16-bit values: one warp per (b, t) row,
+// 8 lanes per head (16-byte loads).
+template <class T>
+__global__ void dsum_kernel(const T* y, const T* dy, float* dsum, int64_t rows, int64_t t,
+                            int heads) {
+#if FFN_ATTN_SM90_CODE
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int64_t b = row / t, i = row % t, ld = static_cast<int64_t>(heads) * kD;
+  for (int k0 = 0; k0 < heads * 8; k0 += 32) {  // chunk k: head k / 8, columns 8(k % 8)..
+    const int k = k0 + lane;
+    float acc = 0.0f;
+    if (k < heads * 8) {
+      float a[8], d8[8];
+      load_vec<8>(y + row * ld + 8 * k, a);
+      load_vec<8>(dy + row * ld + 8 * k, d8);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += a[e] * d8[e];
+    }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 4);
+    if (k < heads * 8 && (lane & 7) == 0) dsum[(b * heads + k / 8) * t + i] = acc;
+  }
+#endif
+}
+
+// dq of one 64-query tile from dqacc (Note [Attention backward in one pass]): the tile's
+// fragments as the issuing warpgroup held them, stored as the split dq kernel stored its own.
+template <class T>
+__global__ void __launch_bounds__(128)
+    dq_convert(const float* dqacc, T* dqkv, Geometry g, const float2* rope) {
+#if FFN_ATTN_SM90_CODE
+  const int64_t qtiles = (g.t + 63) / 64, tile = blockIdx.x, bh = tile / qtiles;
+  const int64_t q0 = 64 * (tile % qtiles), b = bh / g.heads, h = bh % g.heads;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const float4* src = reinterpret_cast<const float4*>(dqacc + tile * kDqFloats);
+  float acc[32];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 v = __ldcs(src + i * 128 + tid);
+    acc[4 * i] = v.x, acc[4 * i + 1] = v.y, acc[4 * i + 2] = v.z, acc[4 * i + 3] = v.w;
+  }
+  const int64_t ld = 3LL * g.heads * kD;
+  store_rows<T>(acc, g.scale, g.scale, dqkv + b * g.t * ld + h * kD, ld, q0 + 16 * warp, g.t,
+                lane, rope);
 #endif
 }
 
@@ -365,18 +590,46 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const float2* rope =
       rope_base > 0 ? static_cast<const float2*>(rope_table(dev, t, kD, rope_base).data_ptr())
                     : nullptr;
+  // FFN_ATTN_SPLIT_BWD=1: the split dq and dk/dv kernels (for measuring against).
+  static const bool split = [] {
+    const char* e = std::getenv("FFN_ATTN_SPLIT_BWD");
+    return e && e[0] == '1';
+  }();
+  const int64_t qtiles = (t + 63) / 64;
   // The rotation is a template argument: the kernels without it carry none of its code.
   auto launch = [&]<class T, bool DROP, bool ROPE>() {
-    allow_dynamic_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP, ROPE>), BwdPipe::kSmem);
-    dq_kernel<T, DROP, ROPE><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
-        q128, q64, dy128, static_cast<const T*>(y.data_ptr()), static_cast<const T*>(dy.data_ptr()),
-        lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g, units, mask,
-        rope);
+    const T* yp = static_cast<const T*>(y.data_ptr());
+    const T* dyp = static_cast<const T*>(dy.data_ptr());
+    T* dq = static_cast<T*>(dqkv.data_ptr());
+    if (split) {
+      allow_dynamic_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP, ROPE>), BwdPipe::kSmem);
+      dq_kernel<T, DROP, ROPE><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+          q128, q64, dy128, yp, dyp, lse.data<float>(), dsum.data<float>(), dq, g, units, mask,
+          rope);
+      FFN_CHECK_LAUNCH();
+      auto* k = dkv_kernel<T, DROP, ROPE, false>;
+      allow_dynamic_smem(reinterpret_cast<const void*>(k), BwdPipe::kSmem);
+      k<<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(q128, q64, dy64, lse.data<float>(),
+                                                         dsum.data<float>(), dq, g, units, mask,
+                                                         rope, nullptr, nullptr);
+      FFN_CHECK_LAUNCH();
+      return;
+    }
+    // Note [Attention backward in one pass].
+    Tensor dqacc = Tensor::empty({b * heads * qtiles, kDqFloats}, DType::f32, qkv.device());
+    Tensor counters = Tensor::zeros({b * heads * qtiles}, DType::i32, qkv.device());
+    const int64_t rows = b * t;
+    dsum_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream(dev)>>>(
+        yp, dyp, dsum.data<float>(), rows, t, g.heads);
     FFN_CHECK_LAUNCH();
-    allow_dynamic_smem(reinterpret_cast<const void*>(dkv_kernel<T, DROP, ROPE>), BwdPipe::kSmem);
-    dkv_kernel<T, DROP, ROPE><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
-        q128, q64, dy64, lse.data<float>(), dsum.data<float>(), static_cast<T*>(dqkv.data_ptr()), g,
-        units, mask, rope);
+    auto* k = dkv_kernel<T, DROP, ROPE, true>;
+    allow_dynamic_smem(reinterpret_cast<const void*>(k), MergedPipe::kSmem);
+    k<<<grid, kThreads, MergedPipe::kSmem, stream(dev)>>>(
+        q128, q64, dy64, lse.data<float>(), dsum.data<float>(), dq, g, units, mask, rope,
+        dqacc.data<float>(), static_cast<int*>(counters.data_ptr()));
+    FFN_CHECK_LAUNCH();
+    dq_convert<T><<<static_cast<unsigned>(b * heads * qtiles), 128, 0, stream(dev)>>>(
+        dqacc.data<float>(), dq, g, ROPE ? rope : nullptr);
     FFN_CHECK_LAUNCH();
   };
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {

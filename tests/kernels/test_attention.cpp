@@ -5,6 +5,7 @@
 // cases skip visibly without a GPU).
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "kernels/attention.h"
 #include "kernels/causal_softmax.h"
@@ -358,6 +359,46 @@ FFN_GPU_TEST("fused attention backward rotates dq and dk back in its stores (bot
           CHECK_MESSAGE(max_abs_diff(f64, again.to(Device::cpu()).to(DType::f64)) == 0.0,
                         "deterministic ", tag);
         }
+}
+
+// Note [Attention backward in one pass]: the Hopper dk/dv kernel adds each key block's dQ
+// partial sums into a query tile after the blocks before it. At sizes where CTAs take several
+// units and wait on each other (many heads: units beyond the grid; few heads and long T: a
+// chain of key blocks per tile), dq must be the same bits on every run and agree with the
+// mma.sync kernels.
+FFN_GPU_TEST("Hopper attention backward sums dq across key blocks in a fixed order") {
+  Generator g(57);
+  for (auto [b, t, h] : {std::tuple<int64_t, int64_t, int64_t>{4, 1024, 12}, {1, 2048, 2},
+                         {2, 1000, 3}})
+    for (float p : {0.0f, 0.1f}) {
+      const int64_t c = h * 64;
+      const Tensor qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
+      if (!cuda::sm90_attention_supported(qkv, h)) {
+        MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
+        return;
+      }
+      CAPTURE(t);
+      CAPTURE(p);
+      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(kGpu);
+      const DropoutSpec d{p, 11, 4};
+      Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
+      Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
+      cuda::fused_attention(qkv, h, 0.125, d, y, lse, cuda::AttentionKernel::sm90);
+      std::vector<Tensor> runs;
+      for (int r = 0; r < 3; ++r) {
+        Tensor dqkv = Tensor::full(qkv.shape(), NAN, DType::bf16, kGpu);
+        cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, 0,
+                                       r < 2 ? cuda::AttentionKernel::sm90
+                                             : cuda::AttentionKernel::mma_sync);
+        runs.push_back(dqkv.to(Device::cpu()).to(DType::f64));
+      }
+      for (double v : runs[0].to_vector()) REQUIRE(std::isfinite(v));
+      CHECK_MESSAGE(max_abs_diff(runs[0], runs[1]) == 0.0, "two runs, the same bits");
+      CHECK(max_abs_diff(runs[0], runs[2]) <= 0.02 * max_abs(runs[2]) + 1e-3);
+      // dq alone (the part summed across key blocks), against mma.sync's.
+      CHECK(max_abs_diff(runs[0].narrow(2, 0, c), runs[2].narrow(2, 0, c)) <=
+            0.02 * max_abs(runs[2].narrow(2, 0, c)) + 1e-3);
+    }
 }
 
 // A small case for compute-sanitizer (tools/gpu-check attnsan; the reference test above is
