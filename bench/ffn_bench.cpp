@@ -631,7 +631,8 @@ void optimizer_bench(int device, int warmup, int iters) {
 
 // The fused causal attention (kernels/attention.h) at the models' shapes, each CUDA
 // implementation forward and backward: ms and TFLOP/s of the causal products (forward 2,
-// backward 5 of 2·T²·D/2 per head; the backward kernels compute 7, Note [Hopper attention]).
+// backward 5 of 2·T²·D/2 per head; the mma.sync backward computes 7, the Hopper one 5,
+// Note [Attention backward in one pass]).
 void attention_bench(int device, int warmup, int iters, float p_drop) {
   const Device dev = Device::cuda(device);
   struct Shape {

@@ -6,25 +6,26 @@
 //
 // Note [Hopper attention]
 // ~~~~~~~~~~~~~~~~~~~~~~~
-// Three kernels with the same math and the same split as the mma.sync ones (attention.cu):
-// forward; backward dq (also writes D_i = dy_i·y_i); backward dk/dv (launched after dq). Each
-// is a persistent grid of one CTA per SM walking units (a head's 128-row block), the longest
+// The same math as the mma.sync kernels (attention.cu) in two persistent kernels: forward,
+// and a backward dk/dv that also computes dQ (Note [Attention backward in one pass],
+// attention_sm90_bwd.cu, beside two small row kernels for D_i = dy_i·y_i and dq). Each is a
+// persistent grid of one CTA per SM walking units (a head's 128-row block), the longest
 // first (Units). A CTA is 384 threads: warpgroup 0 is the producer (one thread issues TMA
 // loads; setmaxnreg gives its registers away), warpgroups 1 and 2 are consumers owning 64
-// rows each of the unit's block. The block's own tiles ("resident": Q in forward, Q and dY
-// in dq, K and V in dk/dv) are loaded once per unit into one of two slots, so the next
+// rows each of the unit's block. The block's own tiles ("resident": Q in forward, K and V in
+// dk/dv) are loaded once per unit into one of two slots, so the next
 // unit's load overlaps this one's end; the other side's tiles ("streamed") pass through a
 // ring of shared-memory stages that carries over between units, with full/empty mbarriers
 // (Note [Hopper GEMM pipeline]'s protocol: full completes on the TMA bytes, empty on one
 // arrival per consumer warp; the resident slots have the same pair).
 //
 // Per streamed tile, each consumer warpgroup issues the score products with A and B from
-// shared memory (S = Q·Kᵀ, and dP = dY·Vᵀ in backward; Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ in dk/dv),
+// shared memory (S = Q·Kᵀ in forward; Sᵀ = K·Qᵀ, dPᵀ = V·dYᵀ in dk/dv),
 // works on them in registers (wgmma's accumulator layout is mma.sync's C fragment layout, 16
 // rows per warp, so the softmax, masking and dropout code reads like attention.cu's), packs
 // the probabilities or dS to 16 bits, which is the A-operand register layout, and issues the
 // second products with A from registers and B the streamed tile read N-major: O += P·V;
-// dQ += dS·K; dV += Pdᵀ·dY, dK += dSᵀ·Q. The second products of tile k − 1 are issued right
+// dV += Pdᵀ·dY, dK += dSᵀ·Q. The second products of tile k − 1 are issued right
 // after the score products of tile k, so they run on the tensor cores while the CUDA cores
 // work on tile k's scores (FlashAttention-3's intra-warpgroup overlap; fwd_consume says
 // which register writes must wait for which wgmmas).
@@ -33,12 +34,13 @@
 // wgmma descriptors expect (sm90.cuh). Loads go through 3-D tensor maps over [B, T, columns],
 // so rows past T (the last block of a sequence) load as zeros and never read the next
 // sequence; those rows are masked (keys) or not stored (queries). Sizes: forward streams
-// 128-key tiles (S is 64×128 per warpgroup); the backward kernels stream 64-row tiles, which
-// keeps S, dP, the packed operands and both accumulators of dk/dv within the consumers' 240
-// registers without spilling.
+// 128-key tiles (S is 64×128 per warpgroup); the backward streams 64-row tiles, which keeps
+// S, dP, the packed operands and both accumulators of dk/dv within the consumers' registers
+// (240 in forward, 232 in backward) without spilling where there is no dropout (with it, the
+// backward spills 12 bytes).
 //
 // Same results as attention.cu up to fp32 summation order (the reference tests hold both to
-// the same bound); deterministic (no atomics, fixed order); mask bits from
+// the same bound); deterministic (dQ's partial sums are added in a fixed order); mask bits from
 // Note [Attention mask draws], so both kernels drop the same entries.
 #pragma once
 

@@ -4,54 +4,55 @@
 // fixed order; dq from that buffer.
 #include "kernels/cuda/attention_sm90.cuh"
 
-#include <cstdlib>
-
 namespace ffn::cuda {
 namespace attn90 {
 namespace {
 
-// Both kernels stream 64-row tiles (dk/dv holds dK and dV as well as S and dP).
-constexpr int kBwdRows = 64, kBwdStages = 6;
-using BwdPipe = Pipe<kBwdRows, kBwdStages>;
+// dk/dv streams 64-row tiles (it holds dK and dV as well as S and dP).
+constexpr int kBwdRows = 64;
 
 // Note [Attention backward in one pass]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // dk/dv computes dSᵀ for its 128 keys against every 64-query tile at or after them; dQ of
 // that tile is dS·K over those 128 keys, so it is computed there too (FlashAttention-2/3's
-// single backward pass: 5 products per tile instead of the split kernels' 7) and the
-// partial sums of the key blocks are added up in global memory:
+// single backward pass: 5 products per tile where a separate dq kernel made it 7, and each
+// dropout mask bit drawn once) and the key blocks' partial sums are added up in memory:
 // - Each consumer warpgroup writes its 64 rows of dSᵀ (16-bit, as packed for dK) into a
 //   shared tile laid out like the resident K tile (128 key rows × 64 queries, 128-byte
-//   swizzle); after a barrier of both warpgroups, warpgroup gt % 2 (gt: the CTA's tile
-//   count) issues dQ = dS·K with A read M-major from that tile and B the resident K tile read
-//   N-major, K = 128 keys. Two such tiles alternate: the issuer waits for its product before
-//   the next tile's barrier, so a tile is rewritten only after its product read it.
+//   swizzle). Warpgroup gt % 2 (gt: the CTA's tile count) issues dQ = dS·K with A read
+//   M-major from that tile and B the resident K tile read N-major, K = 128 keys. Two dS
+//   tiles alternate, with named barriers kDsFull + b (the other warpgroup arrives, the
+//   issuer waits) and kDsRead + b (the issuer arrives once its product is done; the other
+//   waits before writing tile b again), so the warpgroups drift up to a tile apart and one's
+//   product runs beside the other's work. The CTA's last unit matches the last arrivals.
 // - The issuer stores dQ (fp32, in its accumulator-fragment order: float4 i of thread x at
 //   i·128 + x) to its staging buffer and signals the writer thread (warpgroup 0's second
-//   warp), which copies it with one bulk copy into the tile's 16 KiB of the [B·H, ⌈T/64⌉,
-//   64·64] fp32 buffer dqacc: key block 0 writes, the others add (cp.reduce.async.bulk).
-// - Deterministic: the contributions to a query tile are added in key-block order. A counter
-//   per (head, query tile) holds how many key blocks have added theirs; the writer of key
-//   block kb waits until it reads kb, adds, waits for its copy to complete, and stores kb + 1
-//   (release/acquire at GPU scope, with proxy fences around the bulk copies). No wait can
-//   deadlock: a unit waits only for units of a lower index (Units orders key blocks first),
-//   which run on CTAs that are resident (a persistent grid no larger than the SMs) and take
-//   their units in index order.
+//   warp, 40 registers: the consumers keep 232), which copies it with one bulk copy into the
+//   tile's 16 KiB of dqacc, [B·H, ⌈T/64⌉, 64·64] fp32 (50 MiB at gpt2_small's shape, freed
+//   after the call): key block 0 writes, the others add (cp.reduce.async.bulk .add.f32).
+// - Deterministic: a query tile's contributions are added in key-block order. A counter per
+//   (head, query tile), zeroed per call, holds how many key blocks have added theirs; the
+//   writer of key block kb waits until it reads kb, adds, and stores kb + 1 once its copy is
+//   complete (release/acquire at GPU scope, proxy fences around the bulk copies). It stores
+//   it when the next tile arrives from its consumers, before waiting on any other CTA. No
+//   wait can deadlock: a unit waits only for units of a lower index (Units orders key blocks
+//   first), which run on CTAs that are resident (a persistent grid no larger than the SMs,
+//   one CTA an SM) and take their units in index order.
 // - dq_convert then reads each tile in the same fragment order, scales it, rotates it back
-//   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y) comes from dsum_kernel
-//   before dk/dv, as the split dq kernel used to write it.
+//   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y), which dk/dv reads per
+//   query tile, comes from dsum_kernel first.
 constexpr int kDsBytes = 128 * kRowBytes;       // one dS tile: 128 key rows × 64 queries
 constexpr int kDqFloats = 64 * kD;              // one query tile of dQ
 constexpr int kDqBytes = kDqFloats * 4;         // 16 KiB
-constexpr int kMergedStages = 5;
+constexpr int kBwdStages = 5;
 // Named barriers of both consumer warpgroups (1 and 2 are each one's own): dS tile b is
 // full (kDsFull + b), dS tile b has been read by the dQ product (kDsRead + b).
 [[maybe_unused]] constexpr int kDsFull = 3, kDsRead = 5;
-using MergedPipe = Pipe<kBwdRows, kMergedStages, 2 * kDsBytes + 2 * kDqBytes>;
-[[maybe_unused]] __device__ __forceinline__ uint8_t* ds_tile(const MergedPipe& p, int b) {
+using BwdPipe = Pipe<kBwdRows, kBwdStages, 2 * kDsBytes + 2 * kDqBytes>;
+[[maybe_unused]] __device__ __forceinline__ uint8_t* ds_tile(const BwdPipe& p, int b) {
   return p.extra + b * kDsBytes;
 }
-[[maybe_unused]] __device__ __forceinline__ float* dq_stage(const MergedPipe& p, int c) {
+[[maybe_unused]] __device__ __forceinline__ float* dq_stage(const BwdPipe& p, int c) {
   return reinterpret_cast<float*>(p.extra + 2 * kDsBytes + c * kDqBytes);
 }
 // aux barriers: [c] staging buffer c is full (the issuer's arrival), [2 + c] it is free again
@@ -83,179 +84,12 @@ __device__ __forceinline__ void set_counter(int* c, int value) {
 }
 
 // ---------------------------------------------------------------------------------------
-// dq: 128 queries per CTA, 64-key tiles; writes dsum = D for dk/dv.
-
-template <class T, bool DROP>
-__device__ void dq_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
-                           const T* y, const T* dy, const float* lse, float* dsum, T* dqkv,
-                           int64_t q0, int nkt, const DeviceMask& mask, const float2* rope) {
-  const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
-  const int gr = lane >> 2, cq = lane & 3;
-  const int64_t t = g.t, qw = q0 + 64 * c + 16 * warp;
-  const int64_t b = bh / g.heads, h = bh % g.heads, ldy = static_cast<int64_t>(g.heads) * kD;
-  uint8_t* mb = p.mask + (4 * c + warp) * 256;
-  float* dsum_s = p.stats + c * 256 + (j & 1) * 128;  // by unit parity: the next unit's
-                                                      // barrier orders reuse after reads
-  const float sl2 = g.scale * kLog2e;
-  {  // D_i = dy_i·y_i of the warpgroup's 64 rows, two threads per row (32 columns each)
-    const int r = tid >> 1, part = tid & 1;
-    const int64_t i = q0 + 64 * c + r;
-    float acc = 0.0f;
-    if (i < t) {
-      const T* yr = y + (b * t + i) * ldy + h * kD + part * 32;
-      const T* dyr = dy + (b * t + i) * ldy + h * kD + part * 32;
-#pragma unroll
-      for (int c0 = 0; c0 < 32; c0 += 8) {
-        float a[8], d8[8];
-        load_vec<8>(yr + c0, a);
-        load_vec<8>(dyr + c0, d8);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc += a[j] * d8[j];
-      }
-    }
-    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-    if (part == 0) {
-      dsum_s[r] = acc;
-      if (i < t) dsum[bh * t + i] = acc;
-    }
-  }
-  named_barrier_sync(1 + c, 128);
-  float nl2[2], dr[2];  // −lse in log2 units, and D, of the lane's two rows
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = qw + gr + 8 * r;
-    nl2[r] = i < t ? -lse[bh * t + i] * kLog2e : 0.0f;
-    dr[r] = dsum_s[16 * warp + gr + 8 * r];
-  }
-  float dq[32];
-#pragma unroll
-  for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
-  mbar_wait(&p.res_full[j & 1], (j >> 1) & 1);
-  const uint64_t dqd = smem_desc_k128(p.resident(j & 1, 0) + c * 64 * kRowBytes);
-  const uint64_t dyd = smem_desc_k128(p.resident(j & 1, 1) + c * 64 * kRowBytes);
-  float s[32], dp[32];
-  u32 da[4][4];
-  // Tile kt's S and dP; dQ += dS·K of tile kt − 1 runs while tile kt's dS is computed (the
-  // forward's overlap, fwd_consume).
-  auto issue_scores = [&](int kt) {
-    const Slot<kBwdStages> at(base + kt);
-    mbar_wait(&p.full[at.stage], at.phase);
-    wgmma_fence();
-    mma_scores<64, T>(s, dqd, smem_desc_k128(p.tile(at.stage, 0)));
-    mma_scores<64, T>(dp, dyd, smem_desc_k128(p.tile(at.stage, 1)));
-    wgmma_commit();
-  };
-  auto issue_dq = [&](int kt) {
-    mma_rows<64, T>(dq, da, smem_desc_mn128(p.tile(Slot<kBwdStages>(base + kt).stage, 0), kBox64));
-    wgmma_commit();
-  };
-  auto ds = [&](int kt) {  // dS of tile kt into s (trimmed as the forward's softmax)
-    const int64_t k0 = 64LL * kt;
-    if constexpr (DROP)
-      attn::draw_bytes<4>(mb, mask, bh, t, lane, [&](int idx) {
-        return QueryKeys{qw + (idx >> 3), k0 + 8 * (idx & 7)};
-      });
-    auto run = [&]<bool NEAR>() {
-      // Key j = k0 + 8n + 2cq + (e&1) is after query i = qw + gr + 8(e/2) when rel + 8n +
-      // (e&1) − 8(e/2) > 0.
-      const int rel = NEAR ? static_cast<int>(k0 - qw) - gr + 2 * cq : 0;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          float pr = ex2(fmaf(s[4 * n + e], sl2, nl2[r]));
-          if constexpr (NEAR)
-            if (rel + 8 * n + (e & 1) - 8 * r > 0) pr = 0.0f;
-          float dpv = dp[4 * n + e];
-          if constexpr (DROP) {
-            const int bits = mb[(gr + 8 * r) * 8 + n];
-            dpv = (bits >> (2 * cq + (e & 1))) & 1 ? dpv * mask.scale : 0.0f;
-          }
-          s[4 * n + e] = pr * (dpv - dr[r]);
-        }
-    };
-    if (k0 + 63 > q0 + 64 * c)  // some key of the tile is after a query
-      run.template operator()<true>();
-    else
-      run.template operator()<false>();
-  };
-  issue_scores(0);
-  wgmma_wait<0>();
-  fence_accumulators(s);
-  fence_accumulators(dp);
-  ds(0);
-  to_a<T, 64>(s, da);
-  for (int kt = 1; kt < nkt; ++kt) {
-    issue_scores(kt);
-    issue_dq(kt - 1);
-    wgmma_wait<1>();  // S and dP of tile kt
-    fence_accumulators(s);
-    fence_accumulators(dp);
-    ds(kt);
-    wgmma_wait<0>();  // dQ of tile kt − 1
-    fence_accumulators(dq);
-    fence_operands(da);
-    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(base + kt - 1).stage]);
-    to_a<T, 64>(s, da);
-  }
-  wgmma_fence();
-  issue_dq(nkt - 1);
-  wgmma_wait<0>();
-  fence_accumulators(dq);
-  fence_operands(da);
-  if (lane == 0) {
-    mbar_arrive(&p.empty[Slot<kBwdStages>(base + nkt - 1).stage]);
-    mbar_arrive(&p.res_empty[j & 1]);
-  }
-  const int64_t ld = 3 * ldy;
-  store_rows<T>(dq, g.scale, g.scale, dqkv + b * t * ld + h * kD, ld, qw, t, lane, rope);
-}
-
-template <class T, bool DROP, bool ROPE>
-__global__ void __launch_bounds__(kThreads, 1)
-    dq_kernel(const __grid_constant__ CUtensorMap qkv128, const __grid_constant__ CUtensorMap qkv64,
-              const __grid_constant__ CUtensorMap dy128, const T* y, const T* dy, const float* lse,
-              float* dsum, T* dqkv, Geometry g, Units units, DeviceMask mask, const float2* rope) {
-#if FFN_ATTN_SM90_CODE
-  const BwdPipe p = begin_cta<BwdPipe>(&qkv128, &qkv64, &dy128);
-  // Unit u: query block q0 of head bh (the last blocks first) and its key tiles [0, nkt).
-  auto unit = [&](int64_t u, int64_t& bh, int64_t& q0, int& nkt) {
-    bh = units.bh(u);
-    q0 = 128LL * (units.blocks - 1 - units.rank(u));
-    const int64_t kend = q0 + 128 < g.t ? q0 + 128 : g.t;  // keys [0, kend)
-    nkt = static_cast<int>((kend + 63) / 64);
-  };
-  RingPos at;
-  run_units(
-      units,
-      [&](int j, int64_t u) {
-        int64_t bh, q0;
-        int nkt;
-        unit(u, bh, q0, nkt);
-        const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
-        produce(p, at, j, Load{&qkv128, h * kD}, Load{&dy128, h * kD}, static_cast<int>(q0),
-                Load{&qkv64, (g.heads + h) * kD}, Load{&qkv64, (2 * g.heads + h) * kD}, 0, nkt, b);
-      },
-      [&](int j, int64_t u, int base) {
-        int64_t bh, q0;
-        int nkt;
-        unit(u, bh, q0, nkt);
-        dq_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, dy, lse, dsum, dqkv, q0,
-                            nkt, mask, ROPE ? rope : nullptr);
-        return nkt;
-      });
-#endif
-}
-
-// ---------------------------------------------------------------------------------------
 // Backward dk/dv: 128 keys per CTA, 64-query tiles from the diagonal on.
 
-template <class T, bool DROP, bool MERGED, class P>
-__device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int base, int64_t bh,
+template <class T, bool DROP>
+__device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
                             const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
                             const DeviceMask& mask, const float2* rope, bool last_unit) {
-  constexpr int kStages = MERGED ? kMergedStages : kBwdStages;
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, kw = k0 + 64 * c + 16 * warp;  // the warp's first key
@@ -282,7 +116,7 @@ __device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int bas
       st[64 + tid] = i < t ? dsum[bh * t + i] : 0.0f;
     }
     named_barrier_sync(1 + c, 128);
-    const Slot<kStages> at(base + it);
+    const Slot<kBwdStages> at(base + it);
     mbar_wait(&p.full[at.stage], at.phase);
     wgmma_fence();
     mma_scores<64, T>(s, kd, smem_desc_k128(p.tile(at.stage, 0)));
@@ -290,7 +124,7 @@ __device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int bas
     wgmma_commit();
   };
   auto issue_dkv = [&](int it) {
-    const int stage = Slot<kStages>(base + it).stage;
+    const int stage = Slot<kBwdStages>(base + it).stage;
     mma_rows<64, T>(dv, pa, smem_desc_mn128(p.tile(stage, 1), kBox64));
     mma_rows<64, T>(dk, da, smem_desc_mn128(p.tile(stage, 0), kBox64));
     wgmma_commit();
@@ -342,7 +176,7 @@ __device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int bas
   // arrives once its product is done, the other waits before writing tile b again) let the
   // warpgroups drift apart by up to a tile, so one's dQ product runs beside the other's work.
   auto dq_part = [&](int it) {
-    if constexpr (MERGED) {
+    {
       const int gt = base + it, tb = gt & 1;
       const bool issuer = tb == c;
       if (!issuer && gt >= 2) named_barrier_sync(kDsRead + tb, 256);
@@ -403,7 +237,7 @@ __device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int bas
     fence_accumulators(dk);
     fence_operands(pa);
     fence_operands(da);
-    if (lane == 0) mbar_arrive(&p.empty[Slot<kStages>(base + it - 1).stage]);
+    if (lane == 0) mbar_arrive(&p.empty[Slot<kBwdStages>(base + it - 1).stage]);
     to_a<T, 64>(s, pa);
     to_a<T, 64>(dp, da);
     dq_part(it);
@@ -415,13 +249,11 @@ __device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int bas
   fence_accumulators(dk);
   fence_operands(pa);
   fence_operands(da);
-  if constexpr (MERGED)
-    if (last_unit) {  // the CTA's last two tiles: each kDsRead + b arrival gets its wait
-      for (int gt = base + nit - 2; gt < base + nit; ++gt)
-        if (gt >= 0 && (gt & 1) != c) named_barrier_sync(kDsRead + (gt & 1), 256);
-    }
+  if (last_unit)  // the CTA's last two tiles: each kDsRead + b arrival gets its wait
+    for (int gt = base + nit - 2; gt < base + nit; ++gt)
+      if (gt >= 0 && (gt & 1) != c) named_barrier_sync(kDsRead + (gt & 1), 256);
   if (lane == 0) {
-    mbar_arrive(&p.empty[Slot<kStages>(base + nit - 1).stage]);
+    mbar_arrive(&p.empty[Slot<kBwdStages>(base + nit - 1).stage]);
     mbar_arrive(&p.res_empty[j & 1]);
   }
   const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
@@ -436,7 +268,7 @@ __device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int bas
   // (32-bit unit indices, pointers advanced per tile, the pipe's addresses carved again
   // here: this thread has 32 registers.)
   extern __shared__ uint8_t smem_raw[];
-  const MergedPipe p = MergedPipe::carve(smem_raw);
+  const BwdPipe p = BwdPipe::carve(smem_raw);
   const int qtiles = static_cast<int>((t + 63) / 64), count = static_cast<int>(units.count());
   const int heads = static_cast<int>(units.bh_count);
   uint32_t gt = 0;
@@ -470,15 +302,14 @@ __device__ void dkv_consume(const P& p, const Geometry& g, int c, int j, int bas
   }
 }
 
-template <class T, bool DROP, bool ROPE, bool MERGED>
+template <class T, bool DROP, bool ROPE>
 __global__ void __launch_bounds__(kThreads, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
                const __grid_constant__ CUtensorMap qkv64, const __grid_constant__ CUtensorMap dy64,
                const float* lse, const float* dsum, T* dqkv, Geometry g, Units units,
                DeviceMask mask, const float2* rope, float* dqacc, int* counters) {
 #if FFN_ATTN_SM90_CODE
-  using P = std::conditional_t<MERGED, MergedPipe, BwdPipe>;
-  const P p = begin_cta<P>(&qkv128, &qkv64, &dy64);
+  const BwdPipe p = begin_cta<BwdPipe>(&qkv128, &qkv64, &dy64);
   // Unit u: key block k0 of head bh (the first blocks, most query tiles, first) and its
   // query tiles from the diagonal on.
   auto unit = [&](int64_t u, int64_t& bh, int64_t& k0, int& nit) {
@@ -488,11 +319,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   RingPos at;
   auto side = [units, t = g.t, dqacc, counters] {
-    if constexpr (MERGED) write_dq(units, t, dqacc, counters);
+    write_dq(units, t, dqacc, counters);
   };
   // The writer thread needs more than 24 registers: the consumers give up 8 each (at 32,
   // ptxas spills the writer; 240 for the consumers leaves the producers too few).
-  run_units<MERGED ? 40 : 24, MERGED ? 232 : 240>(
+  run_units<40, 232>(
       units,
       [&](int j, int64_t u) {
         int64_t bh, k0;
@@ -507,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         int64_t bh, k0;
         int nit;
         unit(u, bh, k0, nit);
-        dkv_consume<T, DROP, MERGED>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv,
+        dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv,
                                      k0, nit, mask, ROPE ? rope : nullptr,
                                      u + gridDim.x >= units.count());
         return nit;
@@ -583,38 +414,19 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const Geometry g{t, static_cast<int>(heads), scale};
   const DeviceMask mask = DeviceMask::from(d);
   const CUtensorMap q128 = rows_map(qkv, 128, op), q64 = rows_map(qkv, 64, op);
-  const CUtensorMap dy128 = rows_map(dy, 128, op), dy64 = rows_map(dy, 64, op);
+  const CUtensorMap dy64 = rows_map(dy, 64, op);
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
   const Units units{b * heads, static_cast<int>((t + 127) / 128)};
   const unsigned grid = persistent_grid(units, dev);
   const float2* rope =
       rope_base > 0 ? static_cast<const float2*>(rope_table(dev, t, kD, rope_base).data_ptr())
                     : nullptr;
-  // FFN_ATTN_SPLIT_BWD=1: the split dq and dk/dv kernels (for measuring against).
-  static const bool split = [] {
-    const char* e = std::getenv("FFN_ATTN_SPLIT_BWD");
-    return e && e[0] == '1';
-  }();
   const int64_t qtiles = (t + 63) / 64;
   // The rotation is a template argument: the kernels without it carry none of its code.
   auto launch = [&]<class T, bool DROP, bool ROPE>() {
     const T* yp = static_cast<const T*>(y.data_ptr());
     const T* dyp = static_cast<const T*>(dy.data_ptr());
     T* dq = static_cast<T*>(dqkv.data_ptr());
-    if (split) {
-      allow_dynamic_smem(reinterpret_cast<const void*>(dq_kernel<T, DROP, ROPE>), BwdPipe::kSmem);
-      dq_kernel<T, DROP, ROPE><<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
-          q128, q64, dy128, yp, dyp, lse.data<float>(), dsum.data<float>(), dq, g, units, mask,
-          rope);
-      FFN_CHECK_LAUNCH();
-      auto* k = dkv_kernel<T, DROP, ROPE, false>;
-      allow_dynamic_smem(reinterpret_cast<const void*>(k), BwdPipe::kSmem);
-      k<<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(q128, q64, dy64, lse.data<float>(),
-                                                         dsum.data<float>(), dq, g, units, mask,
-                                                         rope, nullptr, nullptr);
-      FFN_CHECK_LAUNCH();
-      return;
-    }
     // Note [Attention backward in one pass].
     Tensor dqacc = Tensor::empty({b * heads * qtiles, kDqFloats}, DType::f32, qkv.device());
     Tensor counters = Tensor::zeros({b * heads * qtiles}, DType::i32, qkv.device());
@@ -622,9 +434,9 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
     dsum_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream(dev)>>>(
         yp, dyp, dsum.data<float>(), rows, t, g.heads);
     FFN_CHECK_LAUNCH();
-    auto* k = dkv_kernel<T, DROP, ROPE, true>;
-    allow_dynamic_smem(reinterpret_cast<const void*>(k), MergedPipe::kSmem);
-    k<<<grid, kThreads, MergedPipe::kSmem, stream(dev)>>>(
+    auto* k = dkv_kernel<T, DROP, ROPE>;
+    allow_dynamic_smem(reinterpret_cast<const void*>(k), BwdPipe::kSmem);
+    k<<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), dq, g, units, mask, rope,
         dqacc.data<float>(), static_cast<int*>(counters.data_ptr()));
     FFN_CHECK_LAUNCH();
