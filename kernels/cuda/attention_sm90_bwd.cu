@@ -41,9 +41,9 @@ constexpr int kBwdRows = 64;
 // - dq_convert then reads each tile in the same fragment order, scales it, rotates it back
 //   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y), which dk/dv reads per
 //   query tile, comes from dsum_kernel first.
-constexpr int kDsBytes = 128 * kRowBytes;       // one dS tile: 128 key rows × 64 queries
-constexpr int kDqFloats = 64 * kD;              // one query tile of dQ
-constexpr int kDqBytes = kDqFloats * 4;         // 16 KiB
+constexpr int kDsBytes = 128 * kRowBytes;  // one dS tile: 128 key rows × 64 queries
+constexpr int kDqFloats = 64 * kD;         // one query tile of dQ
+constexpr int kDqBytes = kDqFloats * 4;    // 16 KiB
 constexpr int kBwdStages = 5;
 // Named barriers of both consumer warpgroups (1 and 2 are each one's own): dS tile b is
 // full (kDsFull + b), dS tile b has been read by the dQ product (kDsRead + b).
@@ -176,46 +176,44 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   // arrives once its product is done, the other waits before writing tile b again) let the
   // warpgroups drift apart by up to a tile, so one's dQ product runs beside the other's work.
   auto dq_part = [&](int it) {
-    {
-      const int gt = base + it, tb = gt & 1;
-      const bool issuer = tb == c;
-      if (!issuer && gt >= 2) named_barrier_sync(kDsRead + tb, 256);
-      uint8_t* dst = ds_tile(p, tb);
+    const int gt = base + it, tb = gt & 1;
+    const bool issuer = tb == c;
+    if (!issuer && gt >= 2) named_barrier_sync(kDsRead + tb, 256);
+    uint8_t* dst = ds_tile(p, tb);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {  // da[kk][q]: key row gr (+8 if q odd), queries
-          const int row = 64 * c + 16 * warp + gr + 8 * (q & 1);  // 16kk + 8(q/2) + 2cq, +1
-          const int chunk = 2 * kk + (q >> 1);
-          *reinterpret_cast<u32*>(dst + row * kRowBytes + ((chunk ^ gr) << 4) + 4 * cq) =
-              da[kk][q];
-        }
-      fence_proxy_async_smem();
-      if (!issuer) {
-        named_barrier_arrive(kDsFull + tb, 256);
-        return;
+      for (int q = 0; q < 4; ++q) {  // da[kk][q]: key row gr (+8 if q odd), queries
+        const int row = 64 * c + 16 * warp + gr + 8 * (q & 1);  // 16kk + 8(q/2) + 2cq, +1
+        const int chunk = 2 * kk + (q >> 1);
+        *reinterpret_cast<u32*>(dst + row * kRowBytes + ((chunk ^ gr) << 4) + 4 * cq) =
+            da[kk][q];
       }
-      named_barrier_sync(kDsFull + tb, 256);
-      float dq[32];
-      wgmma_fence();
-      const uint64_t ad = smem_desc_mn128(dst, kBox64);
-      const uint64_t bd = smem_desc_mn128(p.resident(j & 1, 0), kBox64);
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)  // 16 keys (2048 bytes of both tiles) per step
-        Wgmma<64, T>::template mma<1, 1>(dq, ad + kk * 128, bd + kk * 128, kk);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_accumulators(dq);
-      named_barrier_arrive(kDsRead + tb, 256);
-      mbar_wait(&p.aux[2 + c], ((gt >> 1) & 1) ^ 1);  // the writer is done with the buffer
-      float4* st = reinterpret_cast<float4*>(dq_stage(p, c));
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        st[i * 128 + tid] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
-      fence_proxy_async_smem();
-      named_barrier_sync(1 + c, 128);
-      if (tid == 0) mbar_arrive(&p.aux[c]);
+    fence_proxy_async_smem();
+    if (!issuer) {
+      named_barrier_arrive(kDsFull + tb, 256);
+      return;
     }
+    named_barrier_sync(kDsFull + tb, 256);
+    float dq[32];
+    wgmma_fence();
+    const uint64_t ad = smem_desc_mn128(dst, kBox64);
+    const uint64_t bd = smem_desc_mn128(p.resident(j & 1, 0), kBox64);
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)  // 16 keys (2048 bytes of both tiles) per step
+      Wgmma<64, T>::template mma<1, 1>(dq, ad + kk * 128, bd + kk * 128, kk);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_accumulators(dq);
+    named_barrier_arrive(kDsRead + tb, 256);
+    mbar_wait(&p.aux[2 + c], ((gt >> 1) & 1) ^ 1);  // the writer is done with the buffer
+    float4* st = reinterpret_cast<float4*>(dq_stage(p, c));
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      st[i * 128 + tid] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+    fence_proxy_async_smem();
+    named_barrier_sync(1 + c, 128);
+    if (tid == 0) mbar_arrive(&p.aux[c]);
   };
   issue_scores(0);
   wgmma_wait<0>();
@@ -264,9 +262,10 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
 
 // The writer thread of Note [Attention backward in one pass]: the CTA's dQ tiles, in the
 // consumers' order, each added into dqacc after the key blocks before it.
-[[maybe_unused]] __device__ void write_dq(const Units& units, int64_t t, float* dqacc, int* counters) {
+[[maybe_unused]] __device__ void write_dq(const Units& units, int64_t t, float* dqacc,
+                                          int* counters) {
   // (32-bit unit indices, pointers advanced per tile, the pipe's addresses carved again
-  // here: this thread has 32 registers.)
+  // here: this thread has 40 registers.)
   extern __shared__ uint8_t smem_raw[];
   const BwdPipe p = BwdPipe::carve(smem_raw);
   const int qtiles = static_cast<int>((t + 63) / 64), count = static_cast<int>(units.count());
@@ -275,8 +274,8 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   int* pending = nullptr;  // the last tile's counter, set once its copy is complete
   int pending_value = 0;
   for (int u = blockIdx.x; u < count; u += gridDim.x) {
-    const int kb = u / heads;                           // Units::rank
-    const int first = (u % heads) * qtiles + 2 * kb;    // Units::bh's first query tile
+    const int kb = u / heads;                         // Units::rank
+    const int first = (u % heads) * qtiles + 2 * kb;  // Units::bh's first query tile
     float* dst = dqacc + static_cast<int64_t>(first) * kDqFloats;
     int* counter = counters + first;
     for (int it = 2 * kb; it < qtiles; ++it, ++gt, dst += kDqFloats, ++counter) {
@@ -338,9 +337,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         int64_t bh, k0;
         int nit;
         unit(u, bh, k0, nit);
-        dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv,
-                                     k0, nit, mask, ROPE ? rope : nullptr,
-                                     u + gridDim.x >= units.count());
+        dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
+                             mask, ROPE ? rope : nullptr, u + gridDim.x >= units.count());
         return nit;
       },
       side);
@@ -376,7 +374,7 @@ __global__ void dsum_kernel(const T* y, const T* dy, float* dsum, int64_t rows, 
 }
 
 // dq of one 64-query tile from dqacc (Note [Attention backward in one pass]): the tile's
-// fragments as the issuing warpgroup held them, stored as the split dq kernel stored its own.
+// fragments as the issuing warpgroup held them, scaled, rotated back and stored by store_rows.
 template <class T>
 __global__ void __launch_bounds__(128)
     dq_convert(const float* dqacc, T* dqkv, Geometry g, const float2* rope) {
