@@ -25,6 +25,7 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
+#include "kernels/layer_norm.h"
 #include "layers/ffn_functional.h"
 #include "layers/functional.h"
 
@@ -579,6 +580,40 @@ void xent_bench(int device, int warmup, int iters) {
   }
 }
 
+// The residual add and LayerNorm of a GPT-2 block (B·T = 16384 rows of 768, fp32 residual
+// stream, bf16 weights), as the trainer runs them (Note [Residual add and norm]): forward
+// add_layer_norm (reads x and h, writes a and y: 12 bytes an element), backward the norm's
+// gradient added into the stream's, the branch's gradient and its column sums with dw and db
+// (reads dy, a and dx, writes dx and dh: 16 bytes an element). ms and those bytes per second.
+void norm_bench(int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  const int64_t n = 16384, c = 768;
+  Generator g(11);
+  const Tensor x = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
+  const Tensor h = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
+  const Tensor w = Tensor::randn({c}, g, DType::bf16, dev, 1.0, 0.1);
+  const Tensor b = Tensor::randn({c}, g, DType::bf16, dev, 0.0, 0.1);
+  Tensor a = Tensor::empty({n, c}, DType::f32, dev), y = Tensor::empty({n, c}, DType::bf16, dev);
+  Tensor mean = Tensor::empty({n}, DType::f32, dev), rstd = Tensor::empty({n}, DType::f32, dev);
+  const double fwd = median_ms(device, warmup, iters,
+                               [&] { add_layer_norm(x, h, {}, w, b, 1e-5, a, y, mean, rstd); });
+  const Tensor dy = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
+  Tensor dx = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
+  Tensor dw = Tensor::empty({c}, DType::bf16, dev), db = Tensor::empty({c}, DType::bf16, dev);
+  Tensor dh = Tensor::empty({n, c}, DType::bf16, dev), dh_sum = Tensor::empty({c}, DType::bf16, dev);
+  const BranchGrad branch{&dh, {}, &dh_sum};
+  const double bwd = median_ms(device, warmup, iters, [&] {
+    layer_norm_backward(dy, a, w, mean, rstd, &dx, &dw, &db, true, &branch);
+  });
+  const double e = static_cast<double>(n * c);
+  std::printf(
+      "{\"norm\": \"gpt2 add+layer_norm %lldx%lld, fp32 stream, bf16\", \"forward_ms\": %.4f, "
+      "\"forward_gbps\": %.0f, \"backward_ms\": %.4f, \"backward_gbps\": %.0f}\n",
+      static_cast<long long>(n), static_cast<long long>(c), fwd, 12 * e / fwd / 1e6, bwd,
+      16 * e / bwd / 1e6);
+  std::fflush(stdout);
+}
+
 // The optimizer step of GPT-2 124M (bf16 parameters, fp32 master weights and moments,
 // padded vocabulary): the global gradient norm and the AdamW update, ms and the bytes the
 // update must move (read g, w, m, v; write w, m, v and the bf16 parameter: 28 per value)
@@ -691,6 +726,8 @@ int main(int argc, char** argv) {
   app.add_flag("--xent", xent, "Only the GPT-2 classifier's cross-entropy (forward, backward)");
   bool optimizer = false;
   app.add_flag("--optimizer", optimizer, "Only GPT-2's optimizer step (grad norm, AdamW)");
+  bool norm = false;
+  app.add_flag("--norm", norm, "Only GPT-2's residual add and LayerNorm (forward, backward)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
   bool act_epilogues = false;
@@ -714,6 +751,10 @@ int main(int argc, char** argv) {
     const auto& props = cuda::properties(device);
     if (optimizer) {
       optimizer_bench(device, warmup, iters);
+      return 0;
+    }
+    if (norm) {
+      norm_bench(device, warmup, iters);
       return 0;
     }
     if (xent) {

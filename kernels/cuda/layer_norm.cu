@@ -148,38 +148,78 @@ __global__ void __launch_bounds__(32 * kWarps)
 constexpr int kBwdRows = 64;       // rows per block of ln_backward_kernel
 constexpr int kBwdMaxCols = 1024;  // its column bound (registers: K = C/256 vectors of 8)
 
+// One row's data in a lane's registers: x, dy and (when accumulating) dx's old values, the
+// lane's 8-column vectors lane, lane + 32, …
+template <int K>
+struct BwdRow {
+  float x[K][8], g[K][8], prev[K][8];
+};
+template <class X, class T, int K>
+__device__ __forceinline__ void load_bwd_row(BwdRow<K>& r, const T* dy, const X* x, const X* dx,
+                                             bool accumulate, int64_t row, int c, int lane) {
+  const int nv = c / 8;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r.prev[k][j] = 0.0f;
+    if (lane + 32 * k < nv) {
+      load_vec<8>(x + row * c + 8 * (lane + 32 * k), r.x[k]);
+      load_vec<8>(dy + row * c + 8 * (lane + 32 * k), r.g[k]);
+      if (dx && accumulate) load_vec<8>(dx + row * c + 8 * (lane + 32 * k), r.prev[k]);
+    }
+  }
+}
+
+// Shared memory of ln_backward_kernel: each warp's column sums, kSets × K × 2 float4s a lane
+// (set s, vector k, half h at ((s·K + k)·2 + h)·32 + lane: a warp's accesses are contiguous).
+template <int K, bool kDhSum>
+constexpr int bwd_smem_bytes() {
+  return kWarps * (kDhSum ? 3 : 2) * K * 2 * 32 * 16;
+}
+
 // The fused backward over rows [64·block, 64·block + 64): dx (+= when accumulate; dx may be
 // null) and, when partials is set, partials[block][0, C) = Σ dy ⊙ x̂, partials[block][C, 2C) = Σ dy;
 // with dh, also dh = dropout_add_backward(dx) of the final dx (Note [Residual add and norm]),
 // and with kDhSum partials[block][2C, 3C) = Σ dh, the rounded values (the rows of a block are
 // always the same 64, so the sums do not depend on the launch).
-// Lane l handles the 8-column vectors l, l+32, … (K of them at most).
+// Lane l handles the 8-column vectors l, l+32, … (K of them at most). Warp w takes rows w,
+// w + 8, … of the block in order and adds each row's terms to its own column sums in shared
+// memory; the block then adds the warps' sums in warp order. The next row's loads are issued
+// before the current row is computed, so each warp keeps a row's bytes in flight while it
+// works: one block of 8 warps fills an SM at these registers, and with the row loaded when
+// its turn came its latency was exposed. Held in registers, the column sums took 72 of 205
+// registers and left none for the next row (gpt2_small's shape, ffn-bench --norm on an H100:
+// 0.102 ms a call that way, 0.089 this way; session 23, bench/RESULTS.md). Staging the next
+// two rows in shared memory with cp.async instead, sums in registers, measured slower still
+// (0.117–0.120 ms).
 template <class X, class T, class S, int K, bool kDhSum>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
                        bool accumulate, float* partials, int64_t m, int c, T* dh, DeviceMask mask) {
   constexpr int kSets = kDhSum ? 3 : 2;
-  __shared__ float red[kSets][kBwdMaxCols];
+  constexpr int kSlab = kSets * K * 2 * 32;  // float4s per warp
+  extern __shared__ float4 ln_bwd_sums[];
   const int warp = threadIdx.y, lane = threadIdx.x, nv = c / 8;
-  float wv[K][8], aw[K][8] = {}, ab[K][8] = {};
-  float ah[kDhSum ? K : 1][8] = {};
+  float4* sums = ln_bwd_sums + warp * kSlab;
+  auto sum_at = [&](int set, int k, int h) -> float4& {
+    return sums[((set * K + k) * 2 + h) * 32 + lane];
+  };
+  const bool with_sums = partials != nullptr;
+  if (with_sums)
+    for (int i = lane; i < kSlab; i += 32) sums[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float wv[K][8];
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < nv) load_vec<8>(w + 8 * (lane + 32 * k), wv[k]);
+  const int64_t first = int64_t{blockIdx.x} * kBwdRows + warp;
+  BwdRow<K> cur, next;
+  // dx's old values (accumulate) load with x and dy: one trip to memory per row, not two.
+  if (first < m) load_bwd_row<X, T, K>(cur, dy, x, dx, accumulate, first, c, lane);
   for (int rr = 0; rr < kBwdRows / kWarps; ++rr) {
-    const int64_t row = int64_t{blockIdx.x} * kBwdRows + rr * kWarps + warp;
+    const int64_t row = first + rr * kWarps;
     if (row >= m) break;
-    // dx's old values (accumulate) load with x and dy: one trip to memory per row, not two.
-    // One block of 8 warps fits an SM at these registers, so a row's latency is exposed
-    // (gpt2_small, ncu: 90 -> 79 us a call with the load moved here, session 15).
-    float xv[K][8], gv[K][8], prev[K][8] = {};
-#pragma unroll
-    for (int k = 0; k < K; ++k)
-      if (lane + 32 * k < nv) {
-        load_vec<8>(x + row * c + 8 * (lane + 32 * k), xv[k]);
-        load_vec<8>(dy + row * c + 8 * (lane + 32 * k), gv[k]);
-        if (dx && accumulate) load_vec<8>(dx + row * c + 8 * (lane + 32 * k), prev[k]);
-      }
+    if (row + kWarps < m && rr + 1 < kBwdRows / kWarps)
+      load_bwd_row<X, T, K>(next, dy, x, dx, accumulate, row + kWarps, c, lane);
     const float mu = mean ? static_cast<float>(mean[row]) : 0.0f;
     const float r = static_cast<float>(rstd[row]);
     float s1 = 0.0f, s2 = 0.0f;
@@ -188,27 +228,33 @@ __global__ void __launch_bounds__(32 * kWarps)
       if (lane + 32 * k < nv)
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          xv[k][j] = (xv[k][j] - mu) * r;  // x̂ from here on
-          const float g = gv[k][j] * wv[k][j];
+          cur.x[k][j] = (cur.x[k][j] - mu) * r;  // x̂ from here on
+          const float g = cur.g[k][j] * wv[k][j];
           s1 += g;
-          s2 += g * xv[k][j];
+          s2 += g * cur.x[k][j];
         }
     s1 = mean ? warp_sum(s1) / static_cast<float>(c) : 0.0f;  // RMSNorm: no mean term
     s2 = warp_sum(s2) / static_cast<float>(c);
 #pragma unroll
     for (int k = 0; k < K; ++k)
       if (lane + 32 * k < nv) {
+        if (with_sums)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          aw[k][j] += gv[k][j] * xv[k][j];
-          ab[k][j] += gv[k][j];
-        }
+          for (int h = 0; h < 2; ++h) {
+            float4& aw = sum_at(0, k, h);
+            float4& ab = sum_at(1, k, h);
+            const float* gg = cur.g[k] + 4 * h;
+            const float* xh = cur.x[k] + 4 * h;
+            aw = make_float4(aw.x + gg[0] * xh[0], aw.y + gg[1] * xh[1], aw.z + gg[2] * xh[2],
+                             aw.w + gg[3] * xh[3]);
+            ab = make_float4(ab.x + gg[0], ab.y + gg[1], ab.z + gg[2], ab.w + gg[3]);
+          }
         if (!dx) continue;
         X* out = dx + row * c + 8 * (lane + 32 * k);
         float o[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          o[j] = prev[k][j] + r * (gv[k][j] * wv[k][j] - s1 - xv[k][j] * s2);
+          o[j] = cur.prev[k][j] + r * (cur.g[k][j] * wv[k][j] - s1 - cur.x[k][j] * s2);
         store_vec<8>(out, o);
         if (dh) {  // dropout_add_backward's arithmetic on the value dx holds (rounded to X)
           const int64_t i0 = row * c + 8 * (lane + 32 * k);
@@ -218,31 +264,32 @@ __global__ void __launch_bounds__(32 * kWarps)
           for (int j = 0; j < 8; ++j) g[j] = mul_rn(to_acc(from_acc<X>(o[j])), f[j]);
           store_vec<8>(dh + i0, g);
           if constexpr (kDhSum)
+            if (with_sums)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) ah[k][j] += to_acc(from_acc<T>(g[j]));
+              for (int h = 0; h < 2; ++h) {
+                float4& ah = sum_at(2, k, h);
+                const float* gh = g + 4 * h;
+                ah = make_float4(ah.x + to_acc(from_acc<T>(gh[0])),
+                                 ah.y + to_acc(from_acc<T>(gh[1])),
+                                 ah.z + to_acc(from_acc<T>(gh[2])),
+                                 ah.w + to_acc(from_acc<T>(gh[3])));
+              }
         }
       }
+    cur = next;
   }
-  if (!partials) return;
-  for (int wi = 0; wi < kWarps; ++wi) {  // warp sums in warp order
-    if (warp == wi)
-#pragma unroll
-      for (int k = 0; k < K; ++k)
-        if (lane + 32 * k < nv)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const int col = 8 * (lane + 32 * k) + j;
-            red[0][col] = (wi ? red[0][col] : 0.0f) + aw[k][j];
-            red[1][col] = (wi ? red[1][col] : 0.0f) + ab[k][j];
-            if constexpr (kDhSum) red[2][col] = (wi ? red[2][col] : 0.0f) + ah[k][j];
-          }
-    __syncthreads();
-  }
+  if (!with_sums) return;
+  __syncthreads();
+  // Column col of set s: the warps' sums in warp order (the order the registers' had).
   float* part = partials + int64_t{blockIdx.x} * kSets * c;
-  for (int col = warp * 32 + lane; col < c; col += 32 * kWarps) {
-    part[col] = red[0][col];
-    part[c + col] = red[1][col];
-    if constexpr (kDhSum) part[2 * c + col] = red[2][col];
+  const float* all = reinterpret_cast<const float*>(ln_bwd_sums);
+  for (int i = warp * 32 + lane; i < kSets * c; i += 32 * kWarps) {
+    const int set = i / c, col = i % c;
+    const int v = col / 8, j = col % 8;  // vector v = lane' + 32k', element j
+    const int at = (((set * K + v / 32) * 2 + j / 4) * 32 + v % 32) * 4 + j % 4;
+    float acc = all[at];
+    for (int wi = 1; wi < kWarps; ++wi) acc += all[wi * kSlab * 4 + at];
+    part[i] = acc;
   }
 }
 
@@ -357,23 +404,26 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
     if (fused) {
       if constexpr (sizeof(T) == 2) {
         const int64_t blocks = (m + kBwdRows - 1) / kBwdRows;
-        // dh's column sums ride along up to C = 768 (K = 3: 24 more registers, 205 of 255
-        // for fp32 x); above, the accumulators would spill, and a column-sum pass follows.
+        // dh's column sums ride along up to C = 768 (K = 3: a third set of sums, 72 KiB of
+        // shared memory in all; kept from when the sums lived in registers and K = 4 would
+        // have spilled); above, a column-sum pass follows.
         const bool sum_dh = dh && dh_sum && c <= 768;
         const int sets = sum_dh ? 3 : 2;
         Tensor partials;
         if (sums || sum_dh) partials = Tensor::empty({blocks * sets * c}, DType::f32, x.device());
         with_row_vectors(c, [&]<int K>() {
-          auto launch = [&](auto kernel) {
-            kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), 0, stream(dev)>>>(
+          auto launch = [&](auto kernel, int smem) {
+            allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+            kernel<<<static_cast<unsigned>(blocks), dim3(32, kWarps), smem, stream(dev)>>>(
                 dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd),
                 dptr<X>(dx), accumulate_dx, partials.defined() ? partials.data<float>() : nullptr,
                 m, static_cast<int>(c), dh ? dptr<T>(*dh) : nullptr, DeviceMask::from(dh_d));
           };
           if constexpr (K <= 3) {
-            if (sum_dh) return launch(ln_backward_kernel<X, T, S, K, true>);
+            if (sum_dh)
+              return launch(ln_backward_kernel<X, T, S, K, true>, bwd_smem_bytes<K, true>());
           }
-          launch(ln_backward_kernel<X, T, S, K, false>);
+          launch(ln_backward_kernel<X, T, S, K, false>, bwd_smem_bytes<K, false>());
         });
         FFN_CHECK_LAUNCH();
         if (dh && dh_sum && !sum_dh) bias_grad(*dh, *dh_sum);
