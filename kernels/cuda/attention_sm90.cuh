@@ -64,15 +64,32 @@ namespace ffn::cuda {
 
 namespace attn90 {
 
-// The persistent grid's units: (bh, block) pairs, the longest blocks first (for the forward
-// and dq the last query blocks, for dk/dv the first key blocks), CTA x taking units x,
-// x + gridDim.x, …
+// Note [Unit order]
+// ~~~~~~~~~~~~~~~~~
+// The persistent grid's units are (bh, block) pairs, the longest blocks first (for the
+// forward the last query blocks, for dk/dv the first key blocks): unit u is block rank(u) of
+// head bh(u). CTA x of a grid of G takes one unit of each round of G units, round k's units
+// kG .. kG + G − 1: unit kG + x in every round (strided), or, with `alternate`, kG + G − 1 − x
+// in odd rounds. With unit lengths falling round after round, striding gives CTA 0 the
+// longest unit of every round: at gpt2_small's shape (192 heads × 8 blocks on 132 SMs) the
+// forward's most loaded CTA has 56 key blocks against a mean of 52.4, dk/dv's 112 query tiles
+// against 104.7; alternating brings both to 53 and 106, as a greedy dynamic scheduler would.
+// Measured (H100, ffn-bench --attention, session 23): the forward 0.099–0.101 → 0.094–0.096
+// ms, so it alternates; dk/dv 0.349–0.350 → 0.355–0.357 ms, slower against the prediction (not
+// understood; its units also wait on each other's dQ sums), so it keeps striding. Either way
+// a CTA's units come in increasing index order, which is all Note [Attention backward in one
+// pass] needs for its waits to be deadlock-free.
 struct Units {  // (outside the anonymous namespace: the compute_80 pass never calls it)
   int64_t bh_count;
   int blocks;
+  bool alternate;  // the order of odd rounds: reversed (true) or not
   __device__ int64_t count() const { return bh_count * blocks; }
   __device__ int64_t bh(int64_t u) const { return u % bh_count; }
   __device__ int rank(int64_t u) const { return static_cast<int>(u / bh_count); }
+  // CTA x's k-th unit in a grid of g (≥ count() once the CTA has none left).
+  __device__ int64_t at(int64_t k, int64_t x, int64_t g) const {
+    return k * g + (alternate && (k & 1) ? g - 1 - x : x);
+  }
 };
 
 namespace {
@@ -186,7 +203,7 @@ __device__ void produce(const Pipe<SROWS, STAGES, EXTRA>& p, RingPos& at, int j,
   }
 }
 
-// The roles of a persistent kernel over its CTA's units (x, x + gridDim.x, …): thread 0 of
+// The roles of a persistent kernel over its CTA's units (Note [Unit order]): thread 0 of
 // warpgroup 0 calls produce_unit(j, u) for the j-th; the consumer warpgroups call
 // consume_unit(j, u, base), which returns the unit's streamed tiles, base counting those
 // before it (the ring position); thread 32 (warpgroup 0's second warp) calls side() once,
@@ -205,16 +222,22 @@ __device__ __forceinline__ void run_units(const Units& units, const Produce& pro
   if (threadIdx.x < 128) {
     regs_dealloc<PRODUCER_REGS>();
     if (threadIdx.x == 0) {
-      int j = 0;
-      for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j) produce_unit(j, u);
+      for (int j = 0;; ++j) {
+        const int64_t u = units.at(j, blockIdx.x, gridDim.x);
+        if (u >= units.count()) break;
+        produce_unit(j, u);
+      }
     } else if (threadIdx.x == 32) {
       side();
     }
   } else {
     regs_alloc<CONSUMER_REGS>();
-    int j = 0, base = 0;
-    for (int64_t u = blockIdx.x; u < units.count(); u += gridDim.x, ++j)
+    int base = 0;
+    for (int j = 0;; ++j) {
+      const int64_t u = units.at(j, blockIdx.x, gridDim.x);
+      if (u >= units.count()) break;
       base += consume_unit(j, u, base);
+    }
   }
 }
 

@@ -31,13 +31,14 @@ constexpr int kBwdRows = 64;
 //   tile's 16 KiB of dqacc, [B·H, ⌈T/64⌉, 64·64] fp32 (50 MiB at gpt2_small's shape, freed
 //   after the call): key block 0 writes, the others add (cp.reduce.async.bulk .add.f32).
 // - Deterministic: a query tile's contributions are added in key-block order. A counter per
-//   (head, query tile), zeroed per call, holds how many key blocks have added theirs; the
-//   writer of key block kb waits until it reads kb, adds, and stores kb + 1 once its copy is
-//   complete (release/acquire at GPU scope, proxy fences around the bulk copies). It stores
-//   it when the next tile arrives from its consumers, before waiting on any other CTA. No
-//   wait can deadlock: a unit waits only for units of a lower index (Units orders key blocks
-//   first), which run on CTAs that are resident (a persistent grid no larger than the SMs,
-//   one CTA an SM) and take their units in index order.
+//   (head, query tile), zeroed per call by dsum_kernel, holds how many key blocks have added
+//   theirs; the writer of key block kb waits until it reads kb, adds, and stores kb + 1 once
+//   its copy is complete (release/acquire at GPU scope, proxy fences around the bulk copies).
+//   It stores it when the next tile arrives from its consumers, before waiting on any other
+//   CTA. No wait can deadlock: a unit waits only for units of a lower index (Units orders key
+//   blocks first), which run on CTAs that are resident (a persistent grid no larger than the
+//   SMs, one CTA an SM) and take their units in increasing index order (Note [Unit order]),
+//   so the unfinished unit of least index never waits.
 // - dq_convert then reads each tile in the same fragment order, scales it, rotates it back
 //   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y), which dk/dv reads per
 //   query tile, comes from dsum_kernel first.
@@ -273,7 +274,9 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   uint32_t gt = 0;
   int* pending = nullptr;  // the last tile's counter, set once its copy is complete
   int pending_value = 0;
-  for (int u = blockIdx.x; u < count; u += gridDim.x) {
+  for (int k = 0;; ++k) {
+    const int u = static_cast<int>(units.at(k, blockIdx.x, gridDim.x));
+    if (u >= count) break;
     const int kb = u / heads;                         // Units::rank
     const int first = (u % heads) * qtiles + 2 * kb;  // Units::bh's first query tile
     float* dst = dqacc + static_cast<int64_t>(first) * kDqFloats;
@@ -308,6 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                const float* lse, const float* dsum, T* dqkv, Geometry g, Units units,
                DeviceMask mask, const float2* rope, float* dqacc, int* counters) {
 #if FFN_ATTN_SM90_CODE
+  units.alternate = false;  // strided (Note [Unit order]); a constant drops the other order's code
   const BwdPipe p = begin_cta<BwdPipe>(&qkv128, &qkv64, &dy64);
   // Unit u: key block k0 of head bh (the first blocks, most query tiles, first) and its
   // query tiles from the diagonal on.
@@ -338,7 +342,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         int nit;
         unit(u, bh, k0, nit);
         dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
-                             mask, ROPE ? rope : nullptr, u + gridDim.x >= units.count());
+                             mask, ROPE ? rope : nullptr,
+                             units.at(j + 1, blockIdx.x, gridDim.x) >= units.count());
         return nit;
       },
       side);
@@ -346,11 +351,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // D_i = dy_i·y_i per (head, query), fp32 from the 16-bit values: one warp per (b, t) row,
-// 8 lanes per head (16-byte loads).
+// 8 lanes per head (16-byte loads). It also zeroes dk/dv's n counters (one launch fewer than
+// a memset of their own).
 template <class T>
 __global__ void dsum_kernel(const T* y, const T* dy, float* dsum, int64_t rows, int64_t t,
-                            int heads) {
+                            int heads, int* counters, int64_t n) {
 #if FFN_ATTN_SM90_CODE
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    counters[i] = 0;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -414,7 +423,7 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const CUtensorMap q128 = rows_map(qkv, 128, op), q64 = rows_map(qkv, 64, op);
   const CUtensorMap dy64 = rows_map(dy, 64, op);
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
-  const Units units{b * heads, static_cast<int>((t + 127) / 128)};
+  const Units units{b * heads, static_cast<int>((t + 127) / 128), /*alternate=*/false};
   const unsigned grid = persistent_grid(units, dev);
   const float2* rope =
       rope_base > 0 ? static_cast<const float2*>(rope_table(dev, t, kD, rope_base).data_ptr())
@@ -427,10 +436,11 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
     T* dq = static_cast<T*>(dqkv.data_ptr());
     // Note [Attention backward in one pass].
     Tensor dqacc = Tensor::empty({b * heads * qtiles, kDqFloats}, DType::f32, qkv.device());
-    Tensor counters = Tensor::zeros({b * heads * qtiles}, DType::i32, qkv.device());
+    Tensor counters = Tensor::empty({b * heads * qtiles}, DType::i32, qkv.device());
     const int64_t rows = b * t;
     dsum_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream(dev)>>>(
-        yp, dyp, dsum.data<float>(), rows, t, g.heads);
+        yp, dyp, dsum.data<float>(), rows, t, g.heads, static_cast<int*>(counters.data_ptr()),
+        counters.numel());
     FFN_CHECK_LAUNCH();
     auto* k = dkv_kernel<T, DROP, ROPE>;
     allow_dynamic_smem(reinterpret_cast<const void*>(k), BwdPipe::kSmem);

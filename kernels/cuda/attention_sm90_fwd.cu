@@ -197,7 +197,7 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
   const int64_t b = qkv.size(0), t = qkv.size(1);
   const Geometry g{t, static_cast<int>(heads), scale};
   const CUtensorMap m128 = rows_map(qkv, 128, op);
-  const Units units{b * heads, static_cast<int>((t + 127) / 128)};
+  const Units units{b * heads, static_cast<int>((t + 127) / 128), /*alternate=*/true};
   const unsigned grid = persistent_grid(units, dev);
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
     allow_dynamic_smem(reinterpret_cast<const void*>(fwd_kernel<T, DROP>), FwdPipe::kSmem);
