@@ -55,7 +55,7 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& dy, int64_t heads
 namespace cuda {
 // Which CUDA kernels run: automatic takes the Hopper (wgmma + TMA) ones where they apply
 // (sm90_attention_supported: an sm_90a build on a Hopper GPU, head_dim 64) and measure faster
-// (T ≥ 512, or T ≥ 256 without dropout; kernels/cuda/attention.cu) and the mma.sync ones
+// (T ≥ 256; kernels/cuda/attention.cu) and the mma.sync ones
 // elsewhere (the environment variable FFN_ATTENTION_KERNEL = mma_sync | sm90 overrides
 // it, for A/B runs of whole programs); the others force one (tests and benchmarks).
 enum class AttentionKernel : uint8_t { automatic, mma_sync, sm90 };

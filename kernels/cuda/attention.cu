@@ -594,20 +594,19 @@ AttentionKernel from_environment() {
   return k;
 }
 
-// automatic: the Hopper kernels from T = 512 on, and from T = 256 without attention dropout.
-// Measured on the H100 (bench/RESULTS-2026-11-23.md, session 10; ffn-bench --attention, head 64): at
-// T = 1024 they take 0.098 / 0.354 ms forward / backward against mma.sync's 0.171 / 0.514;
-// at T = 256 0.033 / 0.113 against 0.042 / 0.116 without dropout, but 0.058 / 0.141 against
-// 0.054 / 0.136 with p = 0.1 (their mask draws are not yet overlapped with the MMAs).
-// Shorter sequences are unmeasured and stay on mma.sync.
-constexpr int64_t kSm90MinT = 512, kSm90MinTNoDropout = 256;
+// automatic: the Hopper kernels from T = 256 on. Measured on the H100 (ffn-bench --attention,
+// head 64): at T = 1024 they take 0.098 / 0.354 ms forward / backward against mma.sync's 0.171
+// / 0.514 (bench/RESULTS-2026-11-23.md, session 10); at T = 256 (shakespeare_char's shape)
+// 0.033 / 0.113 against 0.042 / 0.116 without dropout (session 10), and, since session 22's
+// one-pass backward, 0.057 / 0.124 against 0.051 / 0.135 with p = 0.2 and 0.059 / 0.126
+// against 0.054 / 0.137 with p = 0.3 (session 23; before it, T = 256 with dropout stayed on
+// mma.sync). Shorter sequences are unmeasured and stay on mma.sync.
+constexpr int64_t kSm90MinT = 256;
 
-bool use_sm90(const Tensor& qkv, int64_t heads, const DropoutSpec& d, AttentionKernel kernel,
-              const char* op) {
+bool use_sm90(const Tensor& qkv, int64_t heads, AttentionKernel kernel, const char* op) {
   if (kernel == AttentionKernel::automatic) {
     kernel = from_environment();
-    const int64_t min_t = d.active() ? kSm90MinT : kSm90MinTNoDropout;
-    if (kernel == AttentionKernel::automatic && qkv.size(1) < min_t) return false;
+    if (kernel == AttentionKernel::automatic && qkv.size(1) < kSm90MinT) return false;
   }
   if (kernel == AttentionKernel::mma_sync) return false;
   const bool ok = sm90_attention_supported(qkv, heads);
@@ -620,7 +619,7 @@ bool use_sm90(const Tensor& qkv, int64_t heads, const DropoutSpec& d, AttentionK
 
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
                      Tensor& y, Tensor& lse, AttentionKernel kernel) {
-  if (use_sm90(qkv, heads, d, kernel, "fused_attention"))
+  if (use_sm90(qkv, heads, kernel, "fused_attention"))
     return sm90_attention_forward(qkv, heads, static_cast<float>(scale), d, y, lse);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
@@ -644,7 +643,7 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
                               Tensor& dqkv, double rope_base, AttentionKernel kernel) {
-  if (use_sm90(qkv, heads, d, kernel, "fused_attention_backward"))
+  if (use_sm90(qkv, heads, kernel, "fused_attention_backward"))
     return sm90_attention_backward(qkv, y, dy, lse, heads, static_cast<float>(scale), d, dqkv,
                                    rope_base);
   const int dev = qkv.device().index;
