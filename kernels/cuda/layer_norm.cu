@@ -191,7 +191,7 @@ constexpr int bwd_smem_bytes() {
 // registers and left none for the next row (gpt2_small's shape, ffn-bench --norm on an H100:
 // 0.102 ms a call that way, 0.089 this way; session 23, bench/RESULTS.md). Staging the next
 // two rows in shared memory with cp.async instead, sums in registers, measured slower still
-// (0.117–0.120 ms).
+// (0.116–0.120 ms).
 template <class X, class T, class S, int K, bool kDhSum>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,

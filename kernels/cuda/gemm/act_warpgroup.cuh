@@ -44,10 +44,10 @@ namespace ffn::cuda::gemm {
 // Two warps of activation per SM sub-partition hide each other's latency (gpt2's fc1 on an
 // H100, session 14: forward 0.167 ms against 0.192 for GEMM + kernel and 0.117 for the bare
 // GEMM, backward with db1 0.237 against 0.285 and 0.117; ffn_d4096's backward 1.82 against
-// 2.02 and 1.66; bench/RESULTS.md). At gpt2's K = 768 both directions are bound by the
-// activation warpgroups' own work: with them only taking and returning each staged tile
-// (a test switch, session 17) the forward and the backward ran at the bare GEMM's time
-// (0.118 and 0.120 ms against 0.119 and 0.121), so the consumer's staging costs nothing.
+// 2.02 and 1.66; bench/RESULTS-2026-11-24-s14-16.md). At gpt2's K = 768 both directions are
+// bound by the activation warpgroups' own work: with them only taking and returning each
+// staged tile (a test switch, session 17) the forward and the backward ran at the bare GEMM's
+// time (0.118 and 0.120 ms against 0.119 and 0.121), so the consumer's staging costs nothing.
 // Handoffs:
 //   staged[b] full   named barrier 4 + b over 384 threads: the consumer's threads arrive
 //                    (bar.arrive, release) after writing and fencing the tile, the activation
@@ -75,7 +75,7 @@ namespace ffn::cuda::gemm {
 // fc1. The backward's activation warps stall mostly on fixed-latency dependencies (ncu,
 // session 17: stall_wait 32%, 46 instructions an element at gpt2's fc1), so registers freed
 // for more elements in flight pay: dz written at once and z one box ahead row by row made
-// the backward at K <= 1024 1-4% and then 5-9% faster (bench/RESULTS.md, session 17).
+// the backward at K <= 1024 1-4% and then 5-9% faster (bench/RESULTS-2026-11-24-s17-19.md, session 17).
 // The hidden dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col ..
 // + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
 // computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
