@@ -12,24 +12,21 @@
 #include <iostream>
 #include <vector>
 
+#include "bench/gpt_ops_bench.h"
+#include "bench/timing.h"
 #include "bench/workloads.h"
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
-#include "core/cuda/timer.h"
 #include "core/generator.h"
-#include "kernels/adamw.h"
-#include "kernels/attention.h"
 #include "kernels/bias_act_dropout.h"
 #include "kernels/bias_glu_dropout.h"
-#include "kernels/cross_entropy.h"
-#include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
-#include "kernels/layer_norm.h"
 #include "layers/ffn_functional.h"
-#include "layers/functional.h"
 
 using namespace ffn;
+using bench::back_to_back_ms;
+using bench::median_ms;
 
 namespace {
 
@@ -51,23 +48,6 @@ Inputs make_inputs(const bench::Workload& w, Device dev, Generator& g) {
   if (w.d_out && w.bias2) in.p.b2 = Tensor::randn({w.d_out}, g, w.dtype, dev, 0.0, 0.1);
   in.dy = Tensor::randn({w.m, w.d_out ? w.d_out : hidden}, g, w.dtype, dev);
   return in;
-}
-
-template <class F>
-double median_ms(int dev, int warmup, int iters, F&& body) {
-  return cuda::median_event_ms(cuda::stream(dev), warmup, iters, body);
-}
-
-// Milliseconds per run of `body` timed as four back-to-back runs (median over `iters` such
-// groups), so the host's launch time is hidden behind the GPU's work as in a training step
-// and as gemm()'s autotuner times (Note [Own GEMM in gemm()]); median_ms waits for each run,
-// launch included.
-template <class F>
-double back_to_back_ms(int dev, int warmup, int iters, F&& body) {
-  return median_ms(dev, warmup, iters, [&] {
-           for (int i = 0; i < 4; ++i) body();
-         }) /
-         4;
 }
 
 // The comparisons whose columns say "cuBLASLt" run gemm() on cuBLASLt alone (Note [Own GEMM
@@ -515,197 +495,6 @@ void act_epilogue_bench(int device, int warmup, int iters) {
   }
 }
 
-// The GPT-2 classifier's softmax cross-entropy, forward + backward, on bf16 logits of the
-// padded vocabulary (B·T = 16384 rows of 50304, 50257 classes): ms and the bytes the two
-// passes must move (logits read twice, d_logits written once) per second.
-void xent_bench(int device, int warmup, int iters) {
-  const Device dev = Device::cuda(device);
-  const int64_t n = 16384, v = 50304, c = 50257;
-  Generator g(5);
-  const Tensor logits = Tensor::randn({n, v}, g, DType::bf16, dev, 0.0, 2.0);
-  std::vector<double> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i)
-    ids[static_cast<size_t>(i)] = static_cast<double>((i * 7919) % c);
-  const Tensor t = Tensor::from_vector(ids, {n}, DType::i32, dev);
-  Tensor loss = Tensor::empty({}, DType::f32, dev), lse = Tensor::empty({n}, DType::f32, dev);
-  Tensor dl = Tensor::empty({n, v}, DType::bf16, dev);
-  const Tensor one = Tensor::full({}, 1.0, DType::f32, dev);
-  const double fwd =
-      median_ms(device, warmup, iters, [&] { cross_entropy(logits, t, loss, lse, false, c); });
-  const double bwd = median_ms(device, warmup, iters,
-                               [&] { cross_entropy_backward(logits, t, lse, one, dl, c); });
-  const double bytes = static_cast<double>(n * v * 2);
-  Tensor inout = logits.clone(), rows = Tensor::empty({n}, DType::f32, dev);
-  const double fused = median_ms(device, warmup, iters, [&] {
-    inout.copy_(logits);  // timed apart below and subtracted: the kernel overwrites its input
-    cross_entropy_rows(inout, t, rows, false, c, 1.0 / static_cast<double>(n));
-  });
-  const double copy = median_ms(device, warmup, iters, [&] { inout.copy_(logits); });
-  std::printf(
-      "{\"xent\": \"gpt2 %lldx%lld bf16, %lld classes\", \"forward_ms\": %.4f, "
-      "\"backward_ms\": %.4f, \"forward_gbps\": %.0f, \"backward_gbps\": %.0f, "
-      "\"rows_with_grad_ms\": %.4f, \"rows_gbps\": %.0f}\n",
-      static_cast<long long>(n), static_cast<long long>(v), static_cast<long long>(c), fwd, bwd,
-      bytes / fwd / 1e6, 2 * bytes / bwd / 1e6, fused - copy, 2 * bytes / (fused - copy) / 1e6);
-  std::fflush(stdout);
-
-  // The whole classifier (LM-head GEMM, loss, dx and dw), forward + backward through
-  // autograd: the unfused pair against fn::linear_cross_entropy at several chunk sizes. Memory
-  // is the peak of live tensors above what x, w and the targets hold.
-  const Tensor x = Tensor::randn({n, 768}, g, DType::bf16, dev, 0.0, 1.0);
-  const Tensor w = Tensor::randn({v, 768}, g, DType::bf16, dev, 0.0, 0.02);
-  auto classifier = [&](int64_t chunk) {  // chunk < 0: unfused
-    Var xv(x, true), wv(w, true);
-    const Var l = chunk < 0 ? fn::cross_entropy(fn::linear(xv, wv, Var()), t, false, c)
-                            : fn::linear_cross_entropy(xv, wv, t, false, c, chunk);
-    l.backward();
-  };
-  double unfused_ms = 0;
-  for (int64_t chunk : {int64_t{-1}, int64_t{0}, int64_t{8192}, int64_t{4096}, int64_t{2048}}) {
-    classifier(chunk);
-    cuda::synchronize(device);
-    const size_t base = memory_stats(dev).in_use;
-    reset_peak_memory(dev);
-    classifier(chunk);
-    cuda::synchronize(device);
-    const size_t peak = memory_stats(dev).peak - base;
-    const double ms = median_ms(device, warmup, iters, [&] { classifier(chunk); });
-    if (chunk < 0) unfused_ms = ms;
-    std::printf(
-        "{\"classifier\": \"%s\", \"chunk_rows\": %lld, \"ms\": %.4f, "
-        "\"over_unfused\": %.3f, \"peak_bytes\": %zu}\n",
-        chunk < 0 ? "unfused" : "fused", static_cast<long long>(chunk < 0 ? n : chunk), ms,
-        ms / unfused_ms, peak);
-    std::fflush(stdout);
-  }
-}
-
-// The residual add and LayerNorm of a GPT-2 block (B·T = 16384 rows of 768, fp32 residual
-// stream, bf16 weights), as the trainer runs them (Note [Residual add and norm]): forward
-// add_layer_norm (reads x and h, writes a and y: 12 bytes an element), backward the norm's
-// gradient added into the stream's, the branch's gradient and its column sums with dw and db
-// (reads dy, a and dx, writes dx and dh: 16 bytes an element). ms and those bytes per second.
-void norm_bench(int device, int warmup, int iters) {
-  const Device dev = Device::cuda(device);
-  const int64_t n = 16384, c = 768;
-  Generator g(11);
-  const Tensor x = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
-  const Tensor h = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
-  const Tensor w = Tensor::randn({c}, g, DType::bf16, dev, 1.0, 0.1);
-  const Tensor b = Tensor::randn({c}, g, DType::bf16, dev, 0.0, 0.1);
-  Tensor a = Tensor::empty({n, c}, DType::f32, dev), y = Tensor::empty({n, c}, DType::bf16, dev);
-  Tensor mean = Tensor::empty({n}, DType::f32, dev), rstd = Tensor::empty({n}, DType::f32, dev);
-  const double fwd = median_ms(device, warmup, iters,
-                               [&] { add_layer_norm(x, h, {}, w, b, 1e-5, a, y, mean, rstd); });
-  const Tensor dy = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
-  Tensor dx = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
-  Tensor dw = Tensor::empty({c}, DType::bf16, dev), db = Tensor::empty({c}, DType::bf16, dev);
-  Tensor dh = Tensor::empty({n, c}, DType::bf16, dev), dh_sum = Tensor::empty({c}, DType::bf16, dev);
-  const BranchGrad branch{&dh, {}, &dh_sum};
-  const double bwd = median_ms(device, warmup, iters, [&] {
-    layer_norm_backward(dy, a, w, mean, rstd, &dx, &dw, &db, true, &branch);
-  });
-  const double e = static_cast<double>(n * c);
-  std::printf(
-      "{\"norm\": \"gpt2 add+layer_norm %lldx%lld, fp32 stream, bf16\", \"forward_ms\": %.4f, "
-      "\"forward_gbps\": %.0f, \"backward_ms\": %.4f, \"backward_gbps\": %.0f}\n",
-      static_cast<long long>(n), static_cast<long long>(c), fwd, 12 * e / fwd / 1e6, bwd,
-      16 * e / bwd / 1e6);
-  std::fflush(stdout);
-}
-
-// The optimizer step of GPT-2 124M (bf16 parameters, fp32 master weights and moments,
-// padded vocabulary): the global gradient norm and the AdamW update, ms and the bytes the
-// update must move (read g, w, m, v; write w, m, v and the bf16 parameter: 28 per value)
-// per second.
-void optimizer_bench(int device, int warmup, int iters) {
-  const Device dev = Device::cuda(device);
-  std::vector<Shape> shapes = {{50304, 768}, {1024, 768}};
-  for (int l = 0; l < 12; ++l)
-    for (const Shape& sh : std::vector<Shape>{{768},
-                                              {768},
-                                              {2304, 768},
-                                              {2304},
-                                              {768, 768},
-                                              {768},
-                                              {768},
-                                              {768},
-                                              {3072, 768},
-                                              {3072},
-                                              {768, 3072},
-                                              {768}})
-      shapes.push_back(sh);
-  shapes.push_back({768});
-  shapes.push_back({768});
-  Generator g(7);
-  std::vector<AdamWSlot> slots;
-  std::vector<Tensor> grads;
-  int64_t n = 0;
-  for (const Shape& sh : shapes) {
-    AdamWSlot s;
-    s.param = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 0.02);
-    s.grad = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1e-3);
-    s.master = s.param.to(DType::f32);
-    s.m = Tensor::zeros(sh, DType::f32, dev);
-    s.v = Tensor::zeros(sh, DType::f32, dev);
-    s.decay = sh.size() == 2;
-    n += s.param.numel();
-    grads.push_back(s.grad);
-    slots.push_back(std::move(s));
-  }
-  const AdamWHyper h{.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  int64_t step = 1;
-  const double adamw = median_ms(device, warmup, iters, [&] { adamw_step(slots, h, step++, 1.0); });
-  const double norm = median_ms(device, warmup, iters, [&] { (void)global_grad_sumsq(grads); });
-  std::printf(
-      "{\"optimizer\": \"gpt2 124M, %lld values in %zu tensors\", \"adamw_ms\": %.4f, "
-      "\"adamw_gbps\": %.0f, \"grad_sumsq_ms\": %.4f}\n",
-      static_cast<long long>(n), slots.size(), adamw, 28.0 * n / adamw / 1e6, norm);
-  std::fflush(stdout);
-}
-
-// The fused causal attention (kernels/attention.h) at the models' shapes, each CUDA
-// implementation forward and backward: ms and TFLOP/s of the causal products (forward 2,
-// backward 5 of 2·T²·D/2 per head; the mma.sync backward computes 7, the Hopper one 5,
-// Note [Attention backward in one pass]).
-void attention_bench(int device, int warmup, int iters, float p_drop) {
-  const Device dev = Device::cuda(device);
-  struct Shape {
-    const char* name;
-    int64_t b, t, h, d;
-  };
-  for (const Shape sh : {Shape{"gpt2_small", 16, 1024, 12, 64}, Shape{"gpt2_t512", 32, 512, 12, 64},
-                         Shape{"shakespeare_char", 64, 256, 6, 64}}) {
-    Generator g(9);
-    const int64_t c = sh.h * sh.d;
-    const Tensor qkv = Tensor::randn({sh.b, sh.t, 3 * c}, g, DType::bf16, dev);
-    const Tensor dy = Tensor::randn({sh.b, sh.t, c}, g, DType::bf16, dev);
-    Tensor y = Tensor::empty({sh.b, sh.t, c}, DType::bf16, dev);
-    Tensor lse = Tensor::empty({sh.b * sh.h, sh.t}, DType::f32, dev);
-    Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, dev);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(sh.d));
-    const DropoutSpec d{p_drop, 7, 0};
-    const double flop = 2.0 * static_cast<double>(sh.b * sh.h) * static_cast<double>(sh.t) *
-                        static_cast<double>(sh.t) * static_cast<double>(sh.d);  // one causal product
-    for (cuda::AttentionKernel k : {cuda::AttentionKernel::mma_sync, cuda::AttentionKernel::sm90}) {
-      if (k == cuda::AttentionKernel::sm90 && !cuda::sm90_attention_supported(qkv, sh.h)) continue;
-      const double fwd = median_ms(device, warmup, iters,
-                                   [&] { cuda::fused_attention(qkv, sh.h, scale, d, y, lse, k); });
-      const double bwd = median_ms(device, warmup, iters, [&] {
-        cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k);
-      });
-      std::printf("{\"attention\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"t\": %lld, "
-                  "\"h\": %lld, \"d\": %lld, \"dropout\": %.2f, \"forward_ms\": %.4f, "
-                  "\"backward_ms\": %.4f, \"forward_tflops\": %.1f, \"backward_tflops\": %.1f}\n",
-                  sh.name, k == cuda::AttentionKernel::sm90 ? "sm90" : "mma_sync",
-                  static_cast<long long>(sh.b), static_cast<long long>(sh.t),
-                  static_cast<long long>(sh.h), static_cast<long long>(sh.d), p_drop, fwd, bwd,
-                  2 * flop / fwd / 1e9, 5 * flop / bwd / 1e9);
-      std::fflush(stdout);
-    }
-  }
-}
-
 int main(int argc, char** argv) {
   CLI::App app{
       "ffn-bench: time fused FFN forward+backward against the bare GEMMs of the same shapes"};
@@ -750,19 +539,19 @@ int main(int argc, char** argv) {
     const Device dev = Device::cuda(device);
     const auto& props = cuda::properties(device);
     if (optimizer) {
-      optimizer_bench(device, warmup, iters);
+      bench::optimizer_bench(device, warmup, iters);
       return 0;
     }
     if (norm) {
-      norm_bench(device, warmup, iters);
+      bench::norm_bench(device, warmup, iters);
       return 0;
     }
     if (xent) {
-      xent_bench(device, warmup, iters);
+      bench::xent_bench(device, warmup, iters);
       return 0;
     }
     if (attention) {
-      attention_bench(device, warmup, iters, attention_dropout);
+      bench::attention_bench(device, warmup, iters, attention_dropout);
       return 0;
     }
     if (act_epilogues) {

@@ -1,0 +1,12 @@
+// bench/gpt_ops_bench.h — ffn-bench's single-op benchmarks of a GPT-2 step beside the FFN
+// (bench/gpt_ops_bench.cpp): each prints JSON lines with ms and the bytes or FLOPs per second.
+#pragma once
+
+namespace ffn::bench {
+
+void xent_bench(int device, int warmup, int iters);       // --xent: the classifier
+void norm_bench(int device, int warmup, int iters);       // --norm: residual add + LayerNorm
+void optimizer_bench(int device, int warmup, int iters);  // --optimizer: grad norm, AdamW
+void attention_bench(int device, int warmup, int iters, float p_drop);  // --attention
+
+}  // namespace ffn::bench
