@@ -11,6 +11,7 @@
 #include "core/generator.h"
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/layer_norm.h"
@@ -170,7 +171,8 @@ void optimizer_bench(int device, int warmup, int iters) {
 // The fused causal attention (kernels/attention.h) at the models' shapes, each CUDA
 // implementation forward and backward: ms and TFLOP/s of the causal products (forward 2,
 // backward 5 of 2·T²·D/2 per head; the mma.sync backward computes 7, the Hopper one 5,
-// Note [Attention backward in one pass]).
+// Note [Attention backward in one pass]); and the QKV bias gradient summed inside the
+// backward against the column-sum pass it replaces.
 void attention_bench(int device, int warmup, int iters, float p_drop) {
   const Device dev = Device::cuda(device);
   struct Shape {
@@ -186,6 +188,7 @@ void attention_bench(int device, int warmup, int iters, float p_drop) {
     Tensor y = Tensor::empty({sh.b, sh.t, c}, DType::bf16, dev);
     Tensor lse = Tensor::empty({sh.b * sh.h, sh.t}, DType::f32, dev);
     Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, dev);
+    Tensor dqkv2 = dqkv.view_2d(), db = Tensor::empty({3 * c}, DType::bf16, dev);
     const double scale = 1.0 / std::sqrt(static_cast<double>(sh.d));
     const DropoutSpec d{p_drop, 7, 0};
     const double flop = 2.0 * static_cast<double>(sh.b * sh.h) * static_cast<double>(sh.t) *
@@ -197,13 +200,21 @@ void attention_bench(int device, int warmup, int iters, float p_drop) {
       const double bwd = median_ms(device, warmup, iters, [&] {
         cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k);
       });
+      // The QKV bias gradient both ways: summed by the backward (dqkv_sum), or the column-sum
+      // pass over dqkv that runs beside a backward without it.
+      const double bwd_sums = median_ms(device, warmup, iters, [&] {
+        cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k, &db);
+      });
+      const double colsum = median_ms(device, warmup, iters, [&] { bias_grad(dqkv2, db); });
       std::printf("{\"attention\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"t\": %lld, "
                   "\"h\": %lld, \"d\": %lld, \"dropout\": %.2f, \"forward_ms\": %.4f, "
-                  "\"backward_ms\": %.4f, \"forward_tflops\": %.1f, \"backward_tflops\": %.1f}\n",
+                  "\"backward_ms\": %.4f, \"backward_with_bias_sums_ms\": %.4f, "
+                  "\"bias_column_sum_pass_ms\": %.4f, \"forward_tflops\": %.1f, "
+                  "\"backward_tflops\": %.1f}\n",
                   sh.name, k == cuda::AttentionKernel::sm90 ? "sm90" : "mma_sync",
                   static_cast<long long>(sh.b), static_cast<long long>(sh.t),
                   static_cast<long long>(sh.h), static_cast<long long>(sh.d), p_drop, fwd, bwd,
-                  2 * flop / fwd / 1e9, 5 * flop / bwd / 1e9);
+                  bwd_sums, colsum, 2 * flop / fwd / 1e9, 5 * flop / bwd / 1e9);
       std::fflush(stdout);
     }
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/checks.h"
 #include "kernels/rope.h"
 
@@ -71,7 +72,7 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv, double rope_base) {
+                              Tensor& dqkv, double rope_base, Tensor* dqkv_sum) {
   const char* op = "fused_attention_backward";
   const Dims s = check_qkv(qkv, heads, scale, d, op);
   FFN_CHECK(std::isfinite(rope_base) && rope_base >= 0 && (rope_base == 0 || s.d % 2 == 0), "[", op,
@@ -86,16 +87,21 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   }
   check_lse(lse, qkv, s, op);
   detail::check_like(dqkv, qkv, qkv.shape(), op, "dqkv");
+  if (dqkv_sum) detail::check_like(*dqkv_sum, qkv, {qkv.size(2)}, op, "dqkv_sum");
   const Tensor x = qkv.contiguous(), g = dy.contiguous();
   if (qkv.is_cuda()) {
     return cuda::fused_attention_backward(x, y.contiguous(), g, lse, heads, scale, d, dqkv,
-                                          rope_base);
+                                          rope_base, cuda::AttentionKernel::automatic, dqkv_sum);
   }
   cpu::fused_attention_backward(x, g, heads, scale, d, dqkv);
   if (rope_base > 0) {  // the reference: the rotation's own backward after the attention's
     Tensor back = Tensor::empty(dqkv.shape(), dqkv.dtype(), dqkv.device());
     cpu::rope(dqkv, heads, heads, rope_base, /*inverse=*/true, back);
     dqkv.copy_(back);
+  }
+  if (dqkv_sum) {
+    const Tensor d2 = dqkv.view_2d();
+    bias_grad(d2, *dqkv_sum);
   }
 }
 

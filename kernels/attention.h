@@ -42,9 +42,13 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 // with kv_heads = heads) before this attention, and dq and dk leave rotated back, as the
 // gradient with respect to the unrotated q and k (the CUDA kernels rotate them before their
 // stores; Note [Fused rotary embeddings] in layers/attention.cpp). head_dim must be even.
+// dqkv_sum (optional, [3·H·D], qkv's dtype and device) gets dqkv's column sums over all B·T
+// rows, the QKV projection's bias gradient: the Hopper kernels sum the values they store
+// (Note [QKV bias gradient in the attention backward], kernels/cuda/attention_sm90_bwd.cu),
+// the others run bias_grad over dqkv. Deterministic either way.
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv, double rope_base = 0);
+                              Tensor& dqkv, double rope_base = 0, Tensor* dqkv_sum = nullptr);
 
 namespace cpu {
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
@@ -66,7 +70,8 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
                               Tensor& dqkv, double rope_base = 0,
-                              AttentionKernel kernel = AttentionKernel::automatic);
+                              AttentionKernel kernel = AttentionKernel::automatic,
+                              Tensor* dqkv_sum = nullptr);
 }  // namespace cuda
 
 }  // namespace ffn

@@ -51,7 +51,8 @@ void fused_attention(const Tensor&, int64_t, double, const DropoutSpec&, Tensor&
   no_cuda("fused_attention");
 }
 void fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                              double, const DropoutSpec&, Tensor&, double, AttentionKernel) {
+                              double, const DropoutSpec&, Tensor&, double, AttentionKernel,
+                              Tensor*) {
   no_cuda("fused_attention_backward");
 }
 
@@ -175,7 +176,7 @@ void sm90_attention_forward(const Tensor&, int64_t, float, const DropoutSpec&, T
   no_cuda("fused_attention");
 }
 void sm90_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                             float, const DropoutSpec&, Tensor&, double) {
+                             float, const DropoutSpec&, Tensor&, double, Tensor*) {
   no_cuda("fused_attention_backward");
 }
 

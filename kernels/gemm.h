@@ -114,7 +114,7 @@ void reset_gemm_choices();
 // [Activation warpgroup]: the FFN's activation, and db1, in the own Hopper GEMM). The
 // Linear layers' bias gradients are a column-sum pass beside the weight gradient either way
 // (measured faster than cuBLASLt's BGRADB epilogue, which gemm's bgrad_a still offers), or
-// the next norm's sum (Note [Branch bias gradient], layers/functional.cpp). On by
+// the next norm's sum (Note [Branch bias gradient], layers/branch_bias_grad.h). On by
 // default (FFN_GEMM_EPILOGUES=0 or runtime.gemm_epilogues = false turn it off); the CPU path
 // is the same either way.
 void set_gemm_epilogues(bool on);

@@ -42,6 +42,7 @@
 #include "kernels/causal_softmax.h"
 #include "kernels/gemm.h"
 #include "kernels/rope.h"
+#include "layers/branch_bias_grad.h"
 #include "layers/functional.h"
 
 namespace ffn::fn {
@@ -110,7 +111,17 @@ class FusedAttentionNode final : public Node {
   std::vector<Tensor> backward(Tensor d_out) override {
     const double scale = 1.0 / std::sqrt(static_cast<double>(y_.size(2) / heads_));
     Tensor dqkv = Tensor::empty(qkv_.shape(), qkv_.dtype(), qkv_.device());
-    fused_attention_backward(qkv_, y_, d_out, lse_, heads_, scale, drop_, dqkv);
+    // Note [Branch bias gradient]: the QKV projection's bias gradient from the kernels that
+    // write dqkv, when dqkv is all of qkv's gradient.
+    const bool alone = !sums.empty() && sums[0] == nullptr && sums_final[0];
+    auto* maker =
+        alone ? dynamic_cast<BranchBiasGrad*>(inputs[0].grad_fn().get()) : nullptr;
+    Tensor db;
+    if (maker && maker->wants_bias_grad_of_output())
+      db = Tensor::empty({qkv_.size(2)}, qkv_.dtype(), qkv_.device());
+    fused_attention_backward(qkv_, y_, d_out, lse_, heads_, scale, drop_, dqkv, 0,
+                             db.defined() ? &db : nullptr);
+    if (db.defined()) maker->set_bias_grad_of_output(db, dqkv.data_ptr());
     return {dqkv};
   }
   void release() override { qkv_ = y_ = lse_ = Tensor(); }

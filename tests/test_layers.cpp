@@ -700,6 +700,46 @@ FFN_GPU_TEST("rope_attention on the GPU: the fused node and the composition matc
   }
 }
 
+FFN_GPU_TEST("the QKV projection's bias gradient comes from the fused attention backward") {
+  // Note [Branch bias gradient]: linear → causal_attention (bf16, fused; T = 256 and 300 take
+  // the Hopper kernels, 100 mma.sync) hands the projection the column sums of dqkv. Against
+  // the same graph with qkv a leaf (its gradient is that dqkv, bit for bit: the kernels are
+  // deterministic): b's gradient is dqkv's column sums within their rounding. With a second
+  // user of qkv (a linear of it added to the output) the sum is withdrawn and b's gradient is
+  // the column sums of the whole gradient.
+  Generator g(68);
+  const Device gpu = Device::cuda(0);
+  for (int64_t t : {256, 300, 100})
+    for (bool second : {false, true}) {
+      const int64_t b = 2, h = 2, c = h * 64;
+      const Tensor x = rand64({b, t, c}, g).to(DType::bf16).to(gpu);
+      const Tensor w = rand64({3 * c, c}, g, 0.2).to(DType::bf16).to(gpu);
+      const Tensor bias = rand64({3 * c}, g, 0.2).to(DType::bf16).to(gpu);
+      const Tensor w2 = rand64({c, 3 * c}, g, 0.1).to(DType::bf16).to(gpu);
+      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(gpu);
+      auto out = [&](const Var& qkv) {
+        Var y = fn::causal_attention(qkv, h, {}, true);
+        return second ? fn::add(y, fn::linear(qkv, Var(w2), Var())) : y;
+      };
+      Var xv(x), wv(w, true), bv(bias, true);
+      out(fn::linear(xv, wv, bv)).backward(dy);
+      Var leaf(fn::linear(Var(x), Var(w), Var(bias)).value(), true);
+      out(leaf).backward(dy);
+      const Tensor d2 = leaf.grad().to(Device::cpu()).to(DType::f64).view_2d();
+      const std::vector<double> dv = d2.to_vector();
+      const std::vector<double> got = bv.grad().to(Device::cpu()).to(DType::f64).to_vector();
+      double worst = 0;
+      for (int64_t col = 0; col < 3 * c; ++col) {
+        double sum = 0, abs = 0;
+        for (int64_t r = 0; r < d2.size(0); ++r)
+          sum += dv[r * 3 * c + col], abs += std::abs(dv[r * 3 * c + col]);
+        const double tol = std::ldexp(1.0, -8) * std::abs(sum) + std::ldexp(1.0, -22) * abs;
+        worst = std::max(worst, std::abs(got[col] - sum) / tol);
+      }
+      CHECK_MESSAGE(worst <= 1.0, "T ", t, " second user ", second, ": worst error/tol ", worst);
+    }
+}
+
 TEST_CASE("Llama GQA equals multi-head attention with each key/value head repeated per group") {
   // HF's repeat_kv: key/value head j serves query heads j·G … j·G + G - 1.
   const Tensor x = token_ids({1, 4, 10, 0, 3, 3, 7, 2, 9, 5}, 2, 5);

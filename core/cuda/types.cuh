@@ -75,6 +75,16 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// Element `hi` (0: low half, 1: high half) of a pair packed as pack2 packs it, as float.
+template <class T>
+__device__ __forceinline__ float unpack(uint32_t pair, int hi) {
+  const unsigned short bits = static_cast<unsigned short>(hi ? pair >> 16 : pair & 0xffffu);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(__ushort_as_bfloat16(bits));
+  else
+    return __half2float(__ushort_as_half(bits));
+}
+
 // Grid for a grid-stride loop over n items with `threads` per block.
 inline unsigned grid_for(int64_t n, int threads, int max_blocks = 65535 * 8) {
   int64_t b = (n + threads - 1) / threads;

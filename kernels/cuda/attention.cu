@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "kernels/attention.h"
+#include "kernels/bias_act_dropout.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/rope.cuh"
@@ -642,10 +643,11 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv, double rope_base, AttentionKernel kernel) {
+                              Tensor& dqkv, double rope_base, AttentionKernel kernel,
+                              Tensor* dqkv_sum) {
   if (use_sm90(qkv, heads, kernel, "fused_attention_backward"))
     return sm90_attention_backward(qkv, y, dy, lse, heads, static_cast<float>(scale), d, dqkv,
-                                   rope_base);
+                                   rope_base, dqkv_sum);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
   check_aligned({&qkv, &y, &dy, &dqkv}, "fused_attention_backward");
@@ -681,6 +683,10 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
         launch.template operator()<D, false>();
     });
   });
+  if (dqkv_sum) {
+    const Tensor d2 = dqkv.view_2d();
+    ffn::bias_grad(d2, *dqkv_sum);
+  }
 }
 
 }  // namespace ffn::cuda

@@ -281,10 +281,13 @@ __device__ __forceinline__ void to_a(const float (&s)[N / 2], u32 (&a)[N / 16][4
 // 16-bit matrix at g (row stride ld); rows ≥ t are skipped. rope (optional, rope_table's
 // [t, 32]): each row rotated back by its position's angles first (Note [Fused rotary
 // embeddings]); the lane's column 8n + 2(lane % 4) + e (n < 4) pairs with n + 4's.
+// sums (optional): the thread's column sums of what it stores, added to sums[2n + e] for its
+// column 8n + 2(lane % 4) + e (n < 8), the 16-bit values as stored (Note [QKV bias gradient
+// in the attention backward], attention_sm90_bwd.cu).
 template <class T>
 __device__ __forceinline__ void store_rows(const float (&acc)[32], float mul0, float mul1, T* g,
                                            int64_t ld, int64_t r0, int64_t t, int lane,
-                                           const float2* rope = nullptr) {
+                                           const float2* rope = nullptr, float* sums = nullptr) {
   const int gr = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -306,8 +309,41 @@ __device__ __forceinline__ void store_rows(const float (&acc)[32], float mul0, f
     }
     u32* out = reinterpret_cast<u32*>(g + row * ld + 2 * c);
 #pragma unroll
-    for (int n = 0; n < 8; ++n) out[4 * n] = pack2<T>(v[2 * n], v[2 * n + 1]);
+    for (int n = 0; n < 8; ++n) {
+      const u32 packed = pack2<T>(v[2 * n], v[2 * n + 1]);
+      out[4 * n] = packed;
+      if (sums) {
+        sums[2 * n] += unpack<T>(packed, 0);
+        sums[2 * n + 1] += unpack<T>(packed, 1);
+      }
+    }
   }
+}
+
+// Note [QKV bias gradient in the attention backward]: a warpgroup's column sums of the
+// 16-bit values it stored (each thread's `sums` from store_rows over its 16 rows × 16
+// columns), reduced over the lanes of a column (lane ^ 4, ^ 8, ^ 16), then over the four
+// warps in warp order through red ([4][64] floats of shared memory) by threads tid < 64 of
+// the warpgroup (barrier: the warpgroup's own, 128 threads), which write column tid to out
+// when out is not null. The caller orders the next use of red after this one's reads.
+__device__ __forceinline__ void warpgroup_column_sums(float (&sums)[16], float* red, int tid,
+                                                      int barrier, float* out) {
+  const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    sums[i] += __shfl_xor_sync(0xffffffffu, sums[i], 4);
+    sums[i] += __shfl_xor_sync(0xffffffffu, sums[i], 8);
+    sums[i] += __shfl_xor_sync(0xffffffffu, sums[i], 16);
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      red[warp * 64 + 8 * n + 2 * lane] = sums[2 * n];
+      red[warp * 64 + 8 * n + 2 * lane + 1] = sums[2 * n + 1];
+    }
+  }
+  named_barrier_sync(barrier, 128);
+  if (tid < 64 && out) out[tid] = ((red[tid] + red[64 + tid]) + red[128 + tid]) + red[192 + tid];
 }
 
 // S (64×N) = A·Bᵀ over the head, A and B K-major tiles at descriptors da, db.

@@ -20,10 +20,11 @@ bool sm90_attention_supported(const Tensor& qkv, int64_t heads);
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).
 void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,
                             Tensor& y, Tensor& lse);
-// rope_base > 0: dq and dk leave rotated back by rotary embeddings of that base
+// rope_base > 0: dq and dk leave rotated back by rotary embeddings of that base; dqkv_sum
+// (optional, [3·heads·64] in qkv's dtype): dqkv's column sums, from partials the kernels write
 // (kernels/attention.h's fused_attention_backward).
 void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                              const Tensor& lse, int64_t heads, float scale, const DropoutSpec& d,
-                             Tensor& dqkv, double rope_base = 0);
+                             Tensor& dqkv, double rope_base = 0, Tensor* dqkv_sum = nullptr);
 
 }  // namespace ffn::cuda

@@ -1,7 +1,8 @@
 // kernels/cuda/attention_sm90_bwd.cu — the Hopper attention backward (Note [Hopper
 // attention], attention_sm90.cuh; Note [Attention backward in one pass] below): D =
 // rowsum(dY ⊙ Y); dk/dv, which also sums dQ's partial products into an fp32 buffer in a
-// fixed order; dq from that buffer.
+// fixed order; dq from that buffer; optionally dqkv's column sums (Note [QKV bias gradient in
+// the attention backward]).
 #include "kernels/cuda/attention_sm90.cuh"
 
 namespace ffn::cuda {
@@ -42,19 +43,39 @@ constexpr int kBwdRows = 64;
 // - dq_convert then reads each tile in the same fragment order, scales it, rotates it back
 //   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y), which dk/dv reads per
 //   query tile, comes from dsum_kernel first.
+// Note [QKV bias gradient in the attention backward]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// GPT-2's QKV projection has a bias whose gradient is the column sums of dqkv, which a
+// column-sum pass read back after this backward wrote dqkv (75 MB at gpt2_small's shape, 0.39
+// ms of its step, session 23's profile). With dqkv_sum the kernels sum what they store: each
+// consumer warpgroup of dk/dv its 64 keys' dk and dv columns after the unit's last product,
+// dq_convert its 64 queries' dq columns (store_rows adds the 16-bit values as stored, rotated
+// back where rope is on; warpgroup_column_sums reduces them in a fixed order), one partial row
+// per sequence's 64-row tile, [B·⌈T/64⌉, 3·H·64] fp32, every element written exactly once;
+// reduce_partials then sums the rows in order (Note [Deterministic column sums], stage 2).
+// Deterministic and independent of the grid; not the column-sum pass's order, so the bits of
+// the bias gradient differ from it within fp32 rounding. The layer asks for the sums when the
+// projection's node wants them (Note [Branch bias gradient], layers/branch_bias_grad.h).
 constexpr int kDsBytes = 128 * kRowBytes;  // one dS tile: 128 key rows × 64 queries
 constexpr int kDqFloats = 64 * kD;         // one query tile of dQ
 constexpr int kDqBytes = kDqFloats * 4;    // 16 KiB
 constexpr int kBwdStages = 5;
+// Note [QKV bias gradient in the attention backward]: per consumer warpgroup [dk, dv][4 warps]
+// [64 columns] floats.
+constexpr int kRedBytes = 2 * 2 * 4 * 64 * 4;
 // Named barriers of both consumer warpgroups (1 and 2 are each one's own): dS tile b is
 // full (kDsFull + b), dS tile b has been read by the dQ product (kDsRead + b).
 [[maybe_unused]] constexpr int kDsFull = 3, kDsRead = 5;
-using BwdPipe = Pipe<kBwdRows, kBwdStages, 2 * kDsBytes + 2 * kDqBytes>;
+using BwdPipe = Pipe<kBwdRows, kBwdStages, 2 * kDsBytes + 2 * kDqBytes + kRedBytes>;
 [[maybe_unused]] __device__ __forceinline__ uint8_t* ds_tile(const BwdPipe& p, int b) {
   return p.extra + b * kDsBytes;
 }
 [[maybe_unused]] __device__ __forceinline__ float* dq_stage(const BwdPipe& p, int c) {
   return reinterpret_cast<float*>(p.extra + 2 * kDsBytes + c * kDqBytes);
+}
+// Consumer warpgroup c's column-sum scratch for its dk (i = 0) and dv (i = 1).
+[[maybe_unused]] __device__ __forceinline__ float* red_of(const BwdPipe& p, int c, int i) {
+  return reinterpret_cast<float*>(p.extra + 2 * kDsBytes + 2 * kDqBytes) + (2 * c + i) * 256;
 }
 // aux barriers: [c] staging buffer c is full (the issuer's arrival), [2 + c] it is free again
 // (the writer's).
@@ -90,7 +111,8 @@ __device__ __forceinline__ void set_counter(int* c, int value) {
 template <class T, bool DROP>
 __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
                             const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
-                            const DeviceMask& mask, const float2* rope, bool last_unit) {
+                            const DeviceMask& mask, const float2* rope, bool last_unit,
+                            float* dbpart) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, kw = k0 + 64 * c + 16 * warp;  // the warp's first key
@@ -257,8 +279,24 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   }
   const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
   T* dkg = dqkv + b * t * ld + (g.heads + h) * kD;
-  store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane, rope);
-  store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
+  if (!dbpart) {
+    store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane, rope);
+    store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
+    return;
+  }
+  // Note [QKV bias gradient in the attention backward]: the warpgroup's 64 keys are query
+  // tile k0 / 64 + c's rows, whose partial row it writes (none past T).
+  float sk[16], sv[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) sk[i] = sv[i] = 0.0f;
+  store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane, rope, sk);
+  store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane,
+                nullptr, sv);
+  const int64_t qtiles = (t + 63) / 64, tile = k0 / 64 + c;
+  float* out = tile < qtiles ? dbpart + (b * qtiles + tile) * ld + (g.heads + h) * kD : nullptr;
+  warpgroup_column_sums(sk, red_of(p, c, 0), tid, 1 + c, out);
+  warpgroup_column_sums(sv, red_of(p, c, 1), tid, 1 + c,
+                        out ? out + static_cast<int64_t>(g.heads) * kD : nullptr);
 }
 
 // The writer thread of Note [Attention backward in one pass]: the CTA's dQ tiles, in the
@@ -309,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
                const __grid_constant__ CUtensorMap qkv64, const __grid_constant__ CUtensorMap dy64,
                const float* lse, const float* dsum, T* dqkv, Geometry g, Units units,
-               DeviceMask mask, const float2* rope, float* dqacc, int* counters) {
+               DeviceMask mask, const float2* rope, float* dqacc, int* counters, float* dbpart) {
 #if FFN_ATTN_SM90_CODE
   units.alternate = false;  // strided (Note [Unit order]); a constant drops the other order's code
   const BwdPipe p = begin_cta<BwdPipe>(&qkv128, &qkv64, &dy64);
@@ -343,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         unit(u, bh, k0, nit);
         dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
                              mask, ROPE ? rope : nullptr,
-                             units.at(j + 1, blockIdx.x, gridDim.x) >= units.count());
+                             units.at(j + 1, blockIdx.x, gridDim.x) >= units.count(), dbpart);
         return nit;
       },
       side);
@@ -383,10 +421,12 @@ __global__ void dsum_kernel(const T* y, const T* dy, float* dsum, int64_t rows, 
 }
 
 // dq of one 64-query tile from dqacc (Note [Attention backward in one pass]): the tile's
-// fragments as the issuing warpgroup held them, scaled, rotated back and stored by store_rows.
+// fragments as the issuing warpgroup held them, scaled, rotated back and stored by store_rows;
+// with dbpart, the tile's partial row of dq's column sums too (Note [QKV bias gradient in the
+// attention backward]).
 template <class T>
 __global__ void __launch_bounds__(128)
-    dq_convert(const float* dqacc, T* dqkv, Geometry g, const float2* rope) {
+    dq_convert(const float* dqacc, T* dqkv, Geometry g, const float2* rope, float* dbpart) {
 #if FFN_ATTN_SM90_CODE
   const int64_t qtiles = (g.t + 63) / 64, tile = blockIdx.x, bh = tile / qtiles;
   const int64_t q0 = 64 * (tile % qtiles), b = bh / g.heads, h = bh % g.heads;
@@ -399,8 +439,18 @@ __global__ void __launch_bounds__(128)
     acc[4 * i] = v.x, acc[4 * i + 1] = v.y, acc[4 * i + 2] = v.z, acc[4 * i + 3] = v.w;
   }
   const int64_t ld = 3LL * g.heads * kD;
+  if (!dbpart) {
+    store_rows<T>(acc, g.scale, g.scale, dqkv + b * g.t * ld + h * kD, ld, q0 + 16 * warp, g.t,
+                  lane, rope);
+    return;
+  }
+  __shared__ float red[4 * 64];
+  float sq[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) sq[i] = 0.0f;
   store_rows<T>(acc, g.scale, g.scale, dqkv + b * g.t * ld + h * kD, ld, q0 + 16 * warp, g.t,
-                lane, rope);
+                lane, rope, sq);
+  warpgroup_column_sums(sq, red, tid, 1, dbpart + (b * qtiles + tile % qtiles) * ld + h * kD);
 #endif
 }
 
@@ -409,7 +459,7 @@ __global__ void __launch_bounds__(128)
 
 void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                              const Tensor& lse, int64_t heads, float scale, const DropoutSpec& d,
-                             Tensor& dqkv, double rope_base) {
+                             Tensor& dqkv, double rope_base, Tensor* dqkv_sum) {
   using namespace attn90;
   const char* op = "fused_attention_backward";
   FFN_CHECK(sm90_attention_supported(qkv, heads) && aligned16(y) && aligned16(dy) &&
@@ -437,6 +487,12 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
     // Note [Attention backward in one pass].
     Tensor dqacc = Tensor::empty({b * heads * qtiles, kDqFloats}, DType::f32, qkv.device());
     Tensor counters = Tensor::empty({b * heads * qtiles}, DType::i32, qkv.device());
+    // Note [QKV bias gradient in the attention backward]: a row of partial column sums per
+    // sequence's 64-row tile, [B·⌈T/64⌉, 3·H·64].
+    const int64_t width = 3 * heads * kD;
+    Tensor part;
+    if (dqkv_sum) part = Tensor::empty({b * qtiles, width}, DType::f32, qkv.device());
+    float* dbpart = dqkv_sum ? part.data<float>() : nullptr;
     const int64_t rows = b * t;
     dsum_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream(dev)>>>(
         yp, dyp, dsum.data<float>(), rows, t, g.heads, static_cast<int*>(counters.data_ptr()),
@@ -446,11 +502,17 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
     allow_dynamic_smem(reinterpret_cast<const void*>(k), BwdPipe::kSmem);
     k<<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), dq, g, units, mask, rope,
-        dqacc.data<float>(), static_cast<int*>(counters.data_ptr()));
+        dqacc.data<float>(), static_cast<int*>(counters.data_ptr()), dbpart);
     FFN_CHECK_LAUNCH();
     dq_convert<T><<<static_cast<unsigned>(b * heads * qtiles), 128, 0, stream(dev)>>>(
-        dqacc.data<float>(), dq, g, ROPE ? rope : nullptr);
+        dqacc.data<float>(), dq, g, ROPE ? rope : nullptr, dbpart);
     FFN_CHECK_LAUNCH();
+    if (dqkv_sum) {
+      reduce_partials_kernel<float, T>
+          <<<static_cast<unsigned>((width + 31) / 32), dim3(32, 8), 0, stream(dev)>>>(
+              dbpart, b * qtiles, width, static_cast<T*>(dqkv_sum->data_ptr()));
+      FFN_CHECK_LAUNCH();
+    }
   };
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
     if (rope)

@@ -1,8 +1,8 @@
 // tests/kernels/test_attention.cpp — causal attention: the composite path (bmm + causal_softmax)
 // and the fused flash-style kernels: the CPU reference against formulas and fp64 finite
 // differences, its argument checks, the CUDA kernels against the reference, and the backward's
-// rotary rotate-back (rope_base) against finite differences and the rope kernel (FFN_GPU_TEST
-// cases skip visibly without a GPU).
+// rotary rotate-back (rope_base) against finite differences and the rope kernel, and the column
+// sums of dqkv the backward can write (dqkv_sum; FFN_GPU_TEST cases skip visibly without a GPU).
 #include <algorithm>
 #include <cmath>
 #include <tuple>
@@ -41,6 +41,28 @@ class RefAttentionNode final : public Node {
   int64_t h_;
   DropoutSpec d_;
 };
+
+// Checks db (fused_attention_backward's dqkv_sum) against the f64 column sums of dqkv as
+// stored: the sums of the 16-bit (or f64) values in fp32 (f64 on the CPU), rounded once to
+// db's dtype, so within that rounding (u·|sum|) and fp32's accumulation (2^-22·Σ|x|).
+void check_column_sums(const Tensor& db, const Tensor& dqkv, const std::string& what) {
+  const Tensor d2 = dqkv.to(Device::cpu()).to(DType::f64).view_2d();
+  const std::vector<double> v = d2.to_vector(), got = db.to(Device::cpu()).to(DType::f64).to_vector();
+  const int64_t rows = d2.size(0), w = d2.size(1);
+  REQUIRE(static_cast<int64_t>(got.size()) == w);
+  const double u = db.dtype() == DType::bf16 ? std::ldexp(1.0, -8)
+                   : db.dtype() == DType::f16 ? std::ldexp(1.0, -11)
+                                              : 1e-15;
+  double worst = 0;
+  for (int64_t c = 0; c < w; ++c) {
+    double sum = 0, abs = 0;
+    for (int64_t r = 0; r < rows; ++r) sum += v[r * w + c], abs += std::abs(v[r * w + c]);
+    const double tol = u * std::abs(sum) + std::ldexp(1.0, -22) * abs + 1e-12;
+    worst = std::max(worst, std::abs(got[c] - sum) / tol);
+  }
+  CHECK_MESSAGE(worst <= 1.0, what, ": dqkv_sum vs the column sums of dqkv, worst error/tol ",
+                worst);
+}
 
 Var ref_attention(const Var& qkv, int64_t h, const DropoutSpec& d, Tensor* lse_out = nullptr) {
   const Tensor& x = qkv.value();
@@ -93,6 +115,18 @@ TEST_CASE("fused_attention's CPU reference: FD checks, equal to the composite pa
       yb.backward(dy);
       check_close(ya.value(), yb.value(), 1e-12, 1e-12, "fused reference y == composite y");
       check_close(a.grad(), b.grad(), 1e-12, 1e-12, "fused reference dqkv == composite dqkv");
+      // dqkv_sum: dqkv's column sums.
+      {
+        Tensor y = Tensor::empty({cs.b, cs.t, cs.c}, DType::f64), l = Tensor::empty(lse.shape(), DType::f32);
+        const double sc = 1.0 / std::sqrt(static_cast<double>(cs.c / cs.h));
+        fused_attention(qkv, cs.h, sc, d, y, l);
+        Tensor dq = Tensor::empty(qkv.shape(), DType::f64), db = Tensor::empty({3 * cs.c}, DType::f64);
+        fused_attention_backward(qkv, y, dy, l, cs.h, sc, d, dq, 0, &db);
+        check_column_sums(db, dq, "CPU reference");
+        Tensor bad = Tensor::empty({cs.c}, DType::f64);
+        CHECK_THROWS_WITH_AS(fused_attention_backward(qkv, y, dy, l, cs.h, sc, d, dq, 0, &bad),
+                             doctest::Contains("[fused_attention_backward] dqkv_sum"), Error);
+      }
       // lse of query 0 is its single scaled score q0·k0/√d.
       const int64_t hd = cs.c / cs.h;
       const std::vector<double> x = qkv.to_vector(), l = lse.to_vector();
@@ -239,12 +273,20 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
           }
           // lse: fp32 statistics of the same scores.
           check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse" + tag);
-          // Deterministic: a second backward gives the same bits.
+          // Deterministic: a second backward gives the same bits, also while it sums dqkv's
+          // columns (dqkv_sum, the QKV projection's bias gradient), which are the same twice.
           Tensor g2 = Tensor::empty(xg.shape(), dt, kGpu);
-          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, 0, kernel);
+          Tensor db1 = Tensor::empty({3 * c}, dt, kGpu), db2 = Tensor::empty({3 * c}, dt, kGpu);
+          db1.fill_(std::nan(""));
+          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, 0, kernel, &db1);
           CHECK_MESSAGE(max_abs_diff(g1.to(Device::cpu()).to(DType::f64),
                                      g2.to(Device::cpu()).to(DType::f64)) == 0.0,
                         "backward is deterministic", tag);
+          check_column_sums(db1, g2, "dqkv_sum" + tag);
+          cuda::fused_attention_backward(xg, y, dyg, lse, cs.h, scale, d, g2, 0, kernel, &db2);
+          CHECK_MESSAGE(max_abs_diff(db1.to(Device::cpu()).to(DType::f64),
+                                     db2.to(Device::cpu()).to(DType::f64)) == 0.0,
+                        "dqkv_sum is deterministic", tag);
         }
   CHECK_FALSE(fused_attention_supported(DType::f32, 256, 64));
   CHECK_FALSE(fused_attention_supported(DType::bf16, 256, 48));
@@ -340,7 +382,10 @@ FFN_GPU_TEST("fused attention backward rotates dq and dk back in its stores (bot
           Tensor fused = Tensor::full(qkv.shape(), NAN, dt, kGpu), again = fused.clone();
           Tensor plain = Tensor::empty(qkv.shape(), dt, kGpu), ref = plain.clone();
           cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, fused, base, kernel);
-          cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, again, base, kernel);
+          // The second run also sums dqkv's columns (the rotated-back values, as stored).
+          Tensor db = Tensor::empty({3 * c}, dt, kGpu);
+          cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, again, base, kernel, &db);
+          check_column_sums(db, again, "dqkv_sum with rope_base");
           cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, plain, 0, kernel);
           rope(plain, cs.h, cs.h, base, /*inverse=*/true, ref);
           const std::string tag = std::string(dtype_name(dt)) + " T=" + std::to_string(cs.t) +
@@ -423,8 +468,10 @@ FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
         Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
         Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
         Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, kGpu);
+        Tensor db = Tensor::empty({3 * c}, DType::bf16, kGpu);  // dqkv's column sums too
         cuda::fused_attention(qkv, h, 0.125, d, y, lse, kernel);
-        cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, 0, kernel);
+        cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, 0, kernel, &db);
+        check_column_sums(db, dqkv, "sanitizer case");
         out[k++] = {y.to(Device::cpu()).to(DType::f64), dqkv.to(Device::cpu()).to(DType::f64)};
       }
       // Two bf16 implementations of the same math: apart by their rounding, not more.

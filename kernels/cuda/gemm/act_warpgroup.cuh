@@ -8,7 +8,7 @@
 
 #include "core/cuda/types.cuh"
 #include "kernels/activation.h"
-#include "kernels/cuda/gemm/epilogue.cuh"  // store_pair, unpack
+#include "kernels/cuda/gemm/epilogue.cuh"  // store_pair
 #include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/cuda/gemm/tile_scheduler.cuh"
 #include "kernels/cuda/rowwise.cuh"  // DeviceMask

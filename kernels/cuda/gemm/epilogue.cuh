@@ -55,16 +55,6 @@ __device__ __forceinline__ void store_pair(T* p, bool second, bool paired, float
   }
 }
 
-// Element `hi` (0: low half, 1: high half) of a bf16x2/half2 pair held as 4 bytes, as float.
-template <class T>
-__device__ __forceinline__ float unpack(uint32_t pair, int hi) {
-  const unsigned short bits = static_cast<unsigned short>(hi ? pair >> 16 : pair & 0xffffu);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(__ushort_as_bfloat16(bits));
-  else
-    return __half2float(__ushort_as_half(bits));
-}
-
 // mask_draw without a run-time index into the block (which would put it in local memory).
 __device__ __forceinline__ uint32_t draw_of(const U32x4& r, uint64_t i) {
   const uint32_t k = static_cast<uint32_t>(i & 7) >> 1;
