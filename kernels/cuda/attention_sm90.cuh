@@ -189,12 +189,12 @@ __device__ void produce(const Pipe<SROWS, STAGES, EXTRA>& p, RingPos& at, int j,
                         int res_row, Load s0, Load s1, int srow0, int n, int b) {
   using P = Pipe<SROWS, STAGES, EXTRA>;
   const int slot = j & 1;
-  mbar_wait(&p.res_empty[slot], ((j >> 1) & 1) ^ 1);
+  mbar_wait_idle(&p.res_empty[slot], ((j >> 1) & 1) ^ 1);  // Note [Idle waits]
   mbar_arrive_expect_tx(&p.res_full[slot], (r1.map ? 2 : 1) * P::kResBytes);
   tma_load_3d(p.resident(slot, 0), r0.map, &p.res_full[slot], r0.col, res_row, b);
   if (r1.map) tma_load_3d(p.resident(slot, 1), r1.map, &p.res_full[slot], r1.col, res_row, b);
   for (int i = 0; i < n; ++i) {
-    mbar_wait(&p.empty[at.stage], at.phase ^ 1);
+    mbar_wait_idle(&p.empty[at.stage], at.phase ^ 1);
     mbar_arrive_expect_tx(&p.full[at.stage], P::kStageBytes);
     const int row = srow0 + i * SROWS;
     tma_load_3d(p.tile(at.stage, 0), s0.map, &p.full[at.stage], s0.col, row, b);

@@ -126,18 +126,28 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   const uint64_t vd = smem_desc_k128(p.resident(j & 1, 1) + c * 64 * kRowBytes);
   float s[32], dp[32];  // rows: the warp's 16 keys; columns: the tile's 64 queries
   u32 pa[4][4], da[4][4];
+  // The row statistics (lse, D) of query q0 + tid of the tile computed next, loaded a tile
+  // ahead (tid < 64): loaded where they are used, their global-memory latency stalled every
+  // tile (ncu, session 24: the consumers' most stalled instruction on long scoreboard).
+  float next_lse = 0.0f, next_d = 0.0f;
+  auto load_stats = [&](int it) {
+    const int64_t i = k0 + 64LL * it + tid;
+    const bool in = tid < 64 && it < nit && i < t;
+    next_lse = in ? lse[bh * t + i] : 0.0f;
+    next_d = in ? dsum[bh * t + i] : 0.0f;
+  };
+  load_stats(0);
   // Query tile it's Sᵀ and dPᵀ; dV and dK of tile it − 1 run while tile it's Pdᵀ and dSᵀ are
   // computed (the forward's overlap, fwd_consume).
   auto issue_scores = [&](int it) {
     // The tile's row statistics (lse in log2 units, D), double-buffered per warpgroup: the
     // barrier orders this write after every read of the buffer two tiles ago.
-    const int64_t q0 = k0 + 64LL * it;
     float* st = p.stats + c * 256 + ((base + it) & 1) * 128;
     if (tid < 64) {
-      const int64_t i = q0 + tid;
-      st[tid] = i < t ? lse[bh * t + i] * kLog2e : 0.0f;
-      st[64 + tid] = i < t ? dsum[bh * t + i] : 0.0f;
+      st[tid] = next_lse * kLog2e;
+      st[64 + tid] = next_d;
     }
+    load_stats(it + 1);
     named_barrier_sync(1 + c, 128);
     const Slot<kBwdStages> at(base + it);
     mbar_wait(&p.full[at.stage], at.phase);
@@ -321,7 +331,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     int* counter = counters + first;
     for (int it = 2 * kb; it < qtiles; ++it, ++gt, dst += kDqFloats, ++counter) {
       const int c = gt & 1;
-      mbar_wait(&p.aux[c], (gt >> 1) & 1);
+      mbar_wait_idle(&p.aux[c], (gt >> 1) & 1);  // Note [Idle waits] (sm90.cuh)
       // The previous tile's copy ran while the consumers made this one; its counter moves
       // once it is complete, before any wait on another CTA (which might wait on it).
       if (pending) {

@@ -39,6 +39,35 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Note [Idle waits]
+// ~~~~~~~~~~~~~~~~~
+// A try_wait that finds the phase incomplete returns after a few cycles, so a thread waiting
+// in mbar_wait issues a try_wait and a branch every ~16 cycles for as long as it waits. In the
+// Hopper attention's dk/dv kernel the producer thread (stages ahead) and the dQ writer (a
+// tile behind the consumers) wait most of the time, and ncu (session 24, H200, gpt2_small's
+// step) counted 19M of the kernel's 96M warp instructions in their wait loops, issue slots
+// taken from the consumer warps of their SM sub-partitions. Those waiters use mbar_wait_idle:
+// after each failed try they sleep ~kIdleSleepNs, which work queued a stage or a tile ahead
+// absorbs. With the row statistics loaded a tile ahead (attention_sm90_bwd.cu), the backward
+// went 0.315 → 0.292 ms at gpt2_small's shape (ffn-bench --attention, same call, H200).
+// The GEMM's producer spins too (7M of 99M warp instructions in fc1's backward activation
+// GEMM), but there the idle wait measured no faster (0.212 → 0.214 ms) and the bare
+// weight-gradient GEMMs 1-5% slower in one A/B, so the GEMM keeps mbar_wait.
+constexpr unsigned kIdleSleepNs = 128;
+__device__ __forceinline__ void mbar_wait_idle(uint64_t* bar, uint32_t parity) {
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    __nanosleep(kIdleSleepNs);
+  }
+}
 
 // --- TMA ----------------------------------------------------------------------------------
 // Loads the box at (c0 = innermost coordinate, c1) of `map` into shared memory at `dst`;
