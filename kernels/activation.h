@@ -90,10 +90,12 @@ FFN_HD double div_shared(double a, double b, double) {
 // (ex2 of a scaled argument, 0.5·t, pdf from its own x²): 91.6M → 85.0M warp instructions in
 // gpt2_small's fc1 backward activation GEMM (ncu), fc1's activation GEMMs 0.163 → 0.158 ms
 // forward and 0.212 → 0.203 backward (ffn-bench --act-epilogues, H200, session 24, alternated
-// twice); the same accuracy (largest relative error of Φ and of the derivative over
+// twice, before s² was made non-contracted: the forward is one instruction longer than that,
+// not re-timed); the same accuracy (largest relative error of Φ and of the derivative over
 // |x| < 12 within 20% of the base-e form's in an fp32 model of both). This is what the fused
-// GEMM's activation warpgroups spend their time on (Note [Activation warpgroup]). CPU reference, unfused kernels and GEMM epilogues all call these functions, so
-// fused and unfused outputs stay bit-identical. double: 0.5·erfc(-x/√2) and exp(-x²/2).
+// GEMM's activation warpgroups spend their time on (Note [Activation warpgroup]). CPU
+// reference, unfused kernels and GEMM epilogues all call these functions, so fused and
+// unfused outputs stay bit-identical. double: 0.5·erfc(-x/√2) and exp(-x²/2).
 FFN_HD float ex2_(float x) {  // 2^x (ex2.approx.ftz on the GPU, as exp_)
 #if defined(__CUDA_ARCH__)
   float y;
