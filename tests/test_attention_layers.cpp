@@ -1,0 +1,115 @@
+// tests/test_attention_layers.cpp — the attention layers (layers/attention.cpp) as the models
+// use them: rope_attention's finite differences and its fused GPU node against the CPU, and
+// the QKV projection's bias gradient handed over by the fused attention backward (Note
+// [Branch bias gradient]). Part of the test_layers suite.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "layers/functional.h"
+#include "tests/test_util.h"
+
+using namespace ffn;
+using ffn::test::rand64;
+
+TEST_CASE("rope_attention (projection, rotary embeddings, attention) passes FD checks") {
+  // On the CPU it is causal_attention(rope(linear(x, w))) (Note [Fused rotary embeddings]).
+  Generator g(66);
+  for (float p : {0.0f, 0.3f}) {
+    const DropoutSpec d{p, 13, 4};
+    ffn::test::gradcheck(
+        [&](const std::vector<Var>& in) { return fn::rope_attention(in[0], in[1], 2, 50.0, d); },
+        {rand64({2, 5, 6}, g), rand64({3 * 2 * 4, 6}, g)}, {"x", "w"});
+  }
+  Var x(rand64({1, 3, 6}, g), true), w(rand64({10, 6}, g), true);
+  CHECK_THROWS_WITH_AS(fn::rope_attention(x, w, 2, 50.0, {}),
+                       doctest::Contains("[rope_attention] w's 10 rows are not 3·heads·head_dim"),
+                       Error);
+}
+
+FFN_GPU_TEST("rope_attention on the GPU: the fused node and the composition match the CPU") {
+  // gemm_epilogues() on: one node, the rotation in the QKV GEMM's epilogue (Hopper) and in the
+  // attention backward's stores; off: linear, rope and causal_attention. Both in bf16 against
+  // the f64 CPU; T = 256 and 300 take the Hopper attention, T = 100 mma.sync.
+  Generator g(67);
+  const bool epilogues = gemm_epilogues();
+  const Device gpu = Device::cuda(0);
+  struct Case {
+    int64_t b, t, h, c;
+    float p;
+  };
+  for (const Case& cs :
+       {Case{2, 256, 2, 128, 0.0f}, Case{2, 100, 2, 72, 0.2f}, Case{1, 300, 3, 96, 0.2f}}) {
+    const int64_t n = 3 * cs.h * 64;
+    const Tensor x = rand64({cs.b, cs.t, cs.c}, g).to(DType::bf16).to(DType::f64);
+    const Tensor w = rand64({n, cs.c}, g, 0.2).to(DType::bf16).to(DType::f64);
+    const Tensor dy = rand64({cs.b, cs.t, cs.h * 64}, g).to(DType::bf16).to(DType::f64);
+    const DropoutSpec d{cs.p, 21, 5};
+    auto run = [&](Device dev, DType t, std::string* node = nullptr) {
+      Var xv(x.to(t).to(dev), true), wv(w.to(t).to(dev), true);
+      Var y = fn::rope_attention(xv, wv, cs.h, 10000.0, d);
+      if (node) *node = y.grad_fn()->name();
+      y.backward(dy.to(t).to(dev));
+      std::vector<Tensor> out;
+      for (const Tensor& v : {y.value(), xv.grad(), wv.grad()})
+        out.push_back(v.to(Device::cpu()).to(DType::f64));
+      return out;
+    };
+    const std::vector<Tensor> ref = run(Device::cpu(), DType::f64);
+    const char* names[] = {"y", "dx", "dw"};
+    for (bool epi : {true, false}) {
+      set_gemm_epilogues(epi);
+      std::string node;
+      const std::vector<Tensor> got = run(gpu, DType::bf16, &node);
+      CHECK_MESSAGE(node == (epi ? "rope_attention(fused)" : "causal_attention(fused)"), node);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double err = ffn::test::rel_l2(got[i], ref[i]);
+        INFO("T ", cs.t, " p ", cs.p, " ", names[i], " epilogues ", epi, " rel_l2 = ", err);
+        CHECK(err <= 1e-2);  // bf16 storage of qkv, y and the gradients
+      }
+    }
+    set_gemm_epilogues(epilogues);
+  }
+}
+
+FFN_GPU_TEST("the QKV projection's bias gradient comes from the fused attention backward") {
+  // Note [Branch bias gradient]: linear → causal_attention (bf16, fused; T = 256 and 300 take
+  // the Hopper kernels, 100 mma.sync) hands the projection the column sums of dqkv. Against
+  // the same graph with qkv a leaf (its gradient is that dqkv, bit for bit: the kernels are
+  // deterministic): b's gradient is dqkv's column sums within their rounding. With a second
+  // user of qkv (a linear of it added to the output) the sum is withdrawn and b's gradient is
+  // the column sums of the whole gradient.
+  Generator g(68);
+  const Device gpu = Device::cuda(0);
+  for (int64_t t : {256, 300, 100})
+    for (bool second : {false, true}) {
+      const int64_t b = 2, h = 2, c = h * 64;
+      const Tensor x = rand64({b, t, c}, g).to(DType::bf16).to(gpu);
+      const Tensor w = rand64({3 * c, c}, g, 0.2).to(DType::bf16).to(gpu);
+      const Tensor bias = rand64({3 * c}, g, 0.2).to(DType::bf16).to(gpu);
+      const Tensor w2 = rand64({c, 3 * c}, g, 0.1).to(DType::bf16).to(gpu);
+      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(gpu);
+      auto out = [&](const Var& qkv) {
+        Var y = fn::causal_attention(qkv, h, {}, true);
+        return second ? fn::add(y, fn::linear(qkv, Var(w2), Var())) : y;
+      };
+      Var xv(x), wv(w, true), bv(bias, true);
+      out(fn::linear(xv, wv, bv)).backward(dy);
+      Var leaf(fn::linear(Var(x), Var(w), Var(bias)).value(), true);
+      out(leaf).backward(dy);
+      const Tensor d2 = leaf.grad().to(Device::cpu()).to(DType::f64).view_2d();
+      const std::vector<double> dv = d2.to_vector();
+      const std::vector<double> got = bv.grad().to(Device::cpu()).to(DType::f64).to_vector();
+      double worst = 0;
+      for (int64_t col = 0; col < 3 * c; ++col) {
+        double sum = 0, abs = 0;
+        for (int64_t r = 0; r < d2.size(0); ++r)
+          sum += dv[r * 3 * c + col], abs += std::abs(dv[r * 3 * c + col]);
+        const double tol = std::ldexp(1.0, -8) * std::abs(sum) + std::ldexp(1.0, -22) * abs;
+        worst = std::max(worst, std::abs(got[col] - sum) / tol);
+      }
+      CHECK_MESSAGE(worst <= 1.0, "T ", t, " second user ", second, ": worst error/tol ", worst);
+    }
+}
