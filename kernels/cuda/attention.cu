@@ -652,7 +652,10 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   DeviceGuard guard(dev);
   check_aligned({&qkv, &y, &dy, &dqkv}, "fused_attention_backward");
   const int64_t b = qkv.size(0), t = qkv.size(1), hd = qkv.size(2) / (3 * heads);
-  if (b == 0 || t == 0) return;
+  if (b == 0 || t == 0) {  // nothing to compute; an empty column sum is zeros
+    if (dqkv_sum) ffn::bias_grad(dqkv.view_2d(), *dqkv_sum);
+    return;
+  }
   const DeviceMask mask = DeviceMask::from(d);
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
   const float2* rope =

@@ -14,7 +14,7 @@
 namespace ffn::cuda {
 
 // True when these kernels can run: bf16/f16 qkv on a GPU with sm_90a code in this build
-// (Note [sm_90a code]), head_dim 64, 16-byte aligned tensors, 0 < T < 2^31.
+// (Note [sm_90a code]), head_dim 64, 16-byte aligned tensors, B > 0, 0 < T < 2^31.
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads);
 
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).

@@ -181,7 +181,7 @@ bool sm90_attention_supported(const Tensor& qkv, int64_t heads) {
   if (qkv.dtype() != DType::bf16 && qkv.dtype() != DType::f16) return false;
   if (qkv.size(2) != 3 * heads * attn90::kD || !attn90::aligned16(qkv)) return false;
   const int64_t b = qkv.size(0), t = qkv.size(1);
-  if (t <= 0 || t >= (int64_t{1} << 31)) return false;  // coordinates are ints
+  if (b <= 0 || t <= 0 || t >= (int64_t{1} << 31)) return false;  // coordinates are ints
   if (b * heads >= (int64_t{1} << 31)) return false;
   return gemm::sm90a_code_on(qkv.device().index);  // Note [sm_90a code]
 }
