@@ -47,7 +47,8 @@ class RefAttentionNode final : public Node {
 // db's dtype, so within that rounding (u·|sum|) and fp32's accumulation (2^-22·Σ|x|).
 void check_column_sums(const Tensor& db, const Tensor& dqkv, const std::string& what) {
   const Tensor d2 = dqkv.to(Device::cpu()).to(DType::f64).view_2d();
-  const std::vector<double> v = d2.to_vector(), got = db.to(Device::cpu()).to(DType::f64).to_vector();
+  const std::vector<double> v = d2.to_vector();
+  const std::vector<double> got = db.to(Device::cpu()).to(DType::f64).to_vector();
   const int64_t rows = d2.size(0), w = d2.size(1);
   REQUIRE(static_cast<int64_t>(got.size()) == w);
   const double u = db.dtype() == DType::bf16 ? std::ldexp(1.0, -8)
@@ -117,12 +118,21 @@ TEST_CASE("fused_attention's CPU reference: FD checks, equal to the composite pa
       check_close(a.grad(), b.grad(), 1e-12, 1e-12, "fused reference dqkv == composite dqkv");
       // dqkv_sum: dqkv's column sums.
       {
-        Tensor y = Tensor::empty({cs.b, cs.t, cs.c}, DType::f64), l = Tensor::empty(lse.shape(), DType::f32);
+        Tensor y = Tensor::empty({cs.b, cs.t, cs.c}, DType::f64);
+        Tensor l = Tensor::empty(lse.shape(), DType::f32);
         const double sc = 1.0 / std::sqrt(static_cast<double>(cs.c / cs.h));
         fused_attention(qkv, cs.h, sc, d, y, l);
-        Tensor dq = Tensor::empty(qkv.shape(), DType::f64), db = Tensor::empty({3 * cs.c}, DType::f64);
+        Tensor dq = Tensor::empty(qkv.shape(), DType::f64);
+        Tensor db = Tensor::empty({3 * cs.c}, DType::f64);
         fused_attention_backward(qkv, y, dy, l, cs.h, sc, d, dq, 0, &db);
         check_column_sums(db, dq, "CPU reference");
+        // An empty batch: nothing to sum, zeros.
+        Tensor e = Tensor::empty({0, cs.t, 3 * cs.c}, DType::f64);
+        Tensor ey = Tensor::empty({0, cs.t, cs.c}, DType::f64);
+        Tensor el = Tensor::empty({0, cs.t}, DType::f32);
+        Tensor edq = e.clone(), edb = Tensor::full({3 * cs.c}, NAN, DType::f64);
+        fused_attention_backward(e, ey, ey, el, cs.h, sc, d, edq, 0, &edb);
+        CHECK(max_abs(edb) == 0.0);
         Tensor bad = Tensor::empty({cs.c}, DType::f64);
         CHECK_THROWS_WITH_AS(fused_attention_backward(qkv, y, dy, l, cs.h, sc, d, dq, 0, &bad),
                              doctest::Contains("[fused_attention_backward] dqkv_sum"), Error);
@@ -288,6 +298,17 @@ FFN_GPU_TEST("fused attention on the GPU matches the f64 reference (bf16/f16, dr
                                      db2.to(Device::cpu()).to(DType::f64)) == 0.0,
                         "dqkv_sum is deterministic", tag);
         }
+  // An empty batch (the Hopper kernels decline it, mma.sync returns early): dqkv_sum zeros.
+  {
+    const Tensor e = Tensor::empty({0, 300, 3 * 128}, DType::bf16, kGpu);
+    CHECK_FALSE(cuda::sm90_attention_supported(e, 2));
+    Tensor ey = Tensor::empty({0, 300, 128}, DType::bf16, kGpu);
+    Tensor el = Tensor::empty({0, 300}, DType::f32, kGpu);
+    Tensor edq = Tensor::empty(e.shape(), DType::bf16, kGpu);
+    Tensor edb = Tensor::full({384}, NAN, DType::bf16, kGpu);
+    fused_attention_backward(e, ey, ey, el, 2, 0.125, {}, edq, 0, &edb);
+    CHECK(max_abs(edb.to(Device::cpu()).to(DType::f64)) == 0.0);
+  }
   CHECK_FALSE(fused_attention_supported(DType::f32, 256, 64));
   CHECK_FALSE(fused_attention_supported(DType::bf16, 256, 48));
   CHECK(fused_attention_preferred(DType::bf16, 256, 64));   // shakespeare_char
@@ -384,7 +405,8 @@ FFN_GPU_TEST("fused attention backward rotates dq and dk back in its stores (bot
           cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, fused, base, kernel);
           // The second run also sums dqkv's columns (the rotated-back values, as stored).
           Tensor db = Tensor::empty({3 * c}, dt, kGpu);
-          cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, again, base, kernel, &db);
+          cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, again, base, kernel,
+                                         &db);
           check_column_sums(db, again, "dqkv_sum with rope_base");
           cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, plain, 0, kernel);
           rope(plain, cs.h, cs.h, base, /*inverse=*/true, ref);
