@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -55,6 +56,26 @@ double rel_l2(const Tensor& a, const Tensor& b) {
   }
   if (den == 0) return num == 0 ? 0 : INFINITY;
   return std::sqrt(num / den);
+}
+
+void check_column_sums(const Tensor& db, const Tensor& d, const std::string& what) {
+  const Tensor d2 = d.to(Device::cpu()).to(DType::f64).view_2d();
+  const std::vector<double> v = d2.to_vector();
+  const std::vector<double> got = db.to(Device::cpu()).to(DType::f64).to_vector();
+  const int64_t rows = d2.size(0), w = d2.size(1);
+  REQUIRE(static_cast<int64_t>(got.size()) == w);
+  const double u = db.dtype() == DType::bf16 ? std::ldexp(1.0, -8)
+                   : db.dtype() == DType::f16 ? std::ldexp(1.0, -11)
+                                              : 1e-15;
+  double worst = 0;
+  for (int64_t c = 0; c < w; ++c) {
+    double sum = 0, abs = 0;
+    for (int64_t r = 0; r < rows; ++r) sum += v[r * w + c], abs += std::abs(v[r * w + c]);
+    const double tol = u * std::abs(sum) + std::ldexp(1.0, -22) * abs + 1e-12;
+    worst = std::max(worst, std::abs(got[c] - sum) / tol);
+  }
+  CHECK_MESSAGE(worst <= 1.0, what, ": column sums vs f64 sums of the rows, worst error/tol ",
+                worst);
 }
 
 void check_against_reference(const Tensor& gpu, const Tensor& ref64, const Tensor& naive32,

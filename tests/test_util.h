@@ -63,6 +63,11 @@ struct RefRule {
 void check_against_reference(const Tensor& gpu, const Tensor& ref64, const Tensor& naive32,
                              DType dt, const std::string& what, const RefRule& rule = {});
 
+// db against the f64 column sums of d ([..., n], the values as stored): sums of 16-bit (or
+// f64) values accumulated in fp32 (f64 on the CPU) and rounded once to db's dtype, so within
+// that rounding (u·|sum|, u = 2^-8 bf16, 2^-11 f16) and fp32's accumulation (2^-22·Σ|x|).
+void check_column_sums(const Tensor& db, const Tensor& d, const std::string& what);
+
 struct GradcheckOptions {
   double eps = 1e-6;
   double atol = 1e-5;

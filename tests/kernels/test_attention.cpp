@@ -42,29 +42,6 @@ class RefAttentionNode final : public Node {
   DropoutSpec d_;
 };
 
-// Checks db (fused_attention_backward's dqkv_sum) against the f64 column sums of dqkv as
-// stored: the sums of the 16-bit (or f64) values in fp32 (f64 on the CPU), rounded once to
-// db's dtype, so within that rounding (u·|sum|) and fp32's accumulation (2^-22·Σ|x|).
-void check_column_sums(const Tensor& db, const Tensor& dqkv, const std::string& what) {
-  const Tensor d2 = dqkv.to(Device::cpu()).to(DType::f64).view_2d();
-  const std::vector<double> v = d2.to_vector();
-  const std::vector<double> got = db.to(Device::cpu()).to(DType::f64).to_vector();
-  const int64_t rows = d2.size(0), w = d2.size(1);
-  REQUIRE(static_cast<int64_t>(got.size()) == w);
-  const double u = db.dtype() == DType::bf16 ? std::ldexp(1.0, -8)
-                   : db.dtype() == DType::f16 ? std::ldexp(1.0, -11)
-                                              : 1e-15;
-  double worst = 0;
-  for (int64_t c = 0; c < w; ++c) {
-    double sum = 0, abs = 0;
-    for (int64_t r = 0; r < rows; ++r) sum += v[r * w + c], abs += std::abs(v[r * w + c]);
-    const double tol = u * std::abs(sum) + std::ldexp(1.0, -22) * abs + 1e-12;
-    worst = std::max(worst, std::abs(got[c] - sum) / tol);
-  }
-  CHECK_MESSAGE(worst <= 1.0, what, ": dqkv_sum vs the column sums of dqkv, worst error/tol ",
-                worst);
-}
-
 Var ref_attention(const Var& qkv, int64_t h, const DropoutSpec& d, Tensor* lse_out = nullptr) {
   const Tensor& x = qkv.value();
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2) / 3;
