@@ -8,7 +8,7 @@
 
 #include "core/cuda/types.cuh"
 #include "kernels/activation.h"
-#include "kernels/cuda/gemm/epilogue.cuh"  // store_pair
+#include "kernels/cuda/gemm/epilogue.cuh"  // stage_box
 #include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/cuda/gemm/tile_scheduler.cuh"
 #include "kernels/cuda/rowwise.cuh"  // DeviceMask
@@ -125,25 +125,14 @@ struct ActShared {
 };
 
 // The consumer's 64-row block rb (0, 1) of a 128×128 tile, rounded to T, into the
-// staged tile in TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8): a store
-// instruction's eight rows hit eight different chunks). acc in wgmma.cuh's layout.
+// staged tile's two boxes (2rb, 2rb + 1) in TMA's 128-byte swizzle, with stmatrix (Note
+// [Staging with stmatrix]). acc in wgmma.cuh's layout.
 template <class T, int R>
 __device__ __forceinline__ void stage_block(const float (&acc)[R], uint8_t* tile, int rb,
                                             int wg_thread) {
   static_assert(R == 64, "a 64×128 accumulator block");
-  const int lane = wg_thread % 32, r = 16 * (wg_thread / 32) + lane / 4;
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    uint8_t* box = tile + (2 * rb + q) * (64 * 64 * 2);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int i = 4 * (8 * q + j);
-      const int off = ((j ^ (r & 7)) << 4) + 4 * (lane % 4);
-      store_pair(reinterpret_cast<T*>(box + r * 128 + off), true, true, acc[i], acc[i + 1]);
-      store_pair(reinterpret_cast<T*>(box + (r + 8) * 128 + off), true, true, acc[i + 2],
-                 acc[i + 3]);
-    }
-  }
+  stage_box<T>(acc, 0, tile + (2 * rb) * (64 * 64 * 2), wg_thread);
+  stage_box<T>(acc, 32, tile + (2 * rb + 1) * (64 * 64 * 2), wg_thread);
 }
 
 // The activation warpgroups (2 + c for column block c). out1 (TMA) is z (forward) or dz

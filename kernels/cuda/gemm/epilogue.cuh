@@ -55,6 +55,35 @@ __device__ __forceinline__ void store_pair(T* p, bool second, bool paired, float
   }
 }
 
+// Note [Staging with stmatrix]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A warpgroup's 64 rows × 64 columns of accumulators, v[first + 4j + e] (row r = 16·warp +
+// lane / 4, column 8j + 2(lane % 4) + e) and v[first + 4j + 2 + e] (row r + 8), rounded to T
+// into a 64×64 box of TMA's 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)). Column
+// groups j and j + 1 of rows r and r + 8 are the four 8×8 matrices of one stmatrix.x4, in the
+// order top j, bottom j, top j + 1, bottom j + 1; lane l addresses row l % 8 of matrix l / 8,
+// and each matrix row is one 16-byte chunk, so the eight rows of a matrix land in eight
+// different chunks (no bank conflicts). Four instructions a thread where 32 four-byte stores
+// did it (the consumer of the activation GEMM, Note [Activation warpgroup], stages 128
+// accumulators a tile while its tensor cores wait), but no faster by the clock: gpt2's fc1
+// activation GEMMs and the bare GEMM within ±1% (H100, session 25), so that staging is not
+// what the forward's activation warps wait for.
+template <class T, int R>
+__device__ __forceinline__ void stage_box(const float (&v)[R], int first, uint8_t* box,
+                                          int wg_thread) {
+  static_assert(sizeof(T) == 2, "stmatrix stores 16-bit elements");
+  const int lane = wg_thread % 32, m = lane / 8;
+  const int row = 16 * (wg_thread / 32) + 8 * (m & 1) + lane % 8;
+  const uint32_t base = smem_addr(box) + row * 128;
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    const int i = first + 4 * j;
+    stmatrix_x4(base + ((((j + (m >> 1)) ^ (row & 7))) << 4), pack2<T>(v[i], v[i + 1]),
+                pack2<T>(v[i + 2], v[i + 3]), pack2<T>(v[i + 4], v[i + 5]),
+                pack2<T>(v[i + 6], v[i + 7]));
+  }
+}
+
 // mask_draw without a run-time index into the block (which would put it in local memory).
 __device__ __forceinline__ uint32_t draw_of(const U32x4& r, uint64_t i) {
   const uint32_t k = static_cast<uint32_t>(i & 7) >> 1;
@@ -126,8 +155,7 @@ struct StorePartial {
 // A warpgroup's block leaves in 64-row × 64-column subtiles through two 8 KiB shared-memory
 // buffers, used in turn: thread 0 of the warpgroup waits until the TMA store that last read
 // the buffer has finished reading (at most one other store in flight), the warpgroup writes
-// the subtile into it in TMA's 128-byte swizzle (16-byte chunk j of row r at chunk j ^ (r % 8):
-// the eight rows of one store instruction hit eight different chunks, no bank conflicts),
+// the subtile into it in TMA's 128-byte swizzle with stmatrix (Note [Staging with stmatrix]),
 // fences its writes for the async proxy, syncs, and thread 0 issues the store. The store
 // clips rows and columns outside C. The kernel waits for all stores before it exits
 // (epilogue_drain). The warpgroup does not wait for the global writes, so its next tile's
@@ -172,13 +200,7 @@ struct StoreCTma {
       }
       if constexpr (ROPE)
         if (t.cols + 64 * q < rope.cols) rotate(v, t.rows + r, lane);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int off = ((j ^ (r & 7)) << 4) + 4 * (lane % 4);
-        store_pair(reinterpret_cast<T*>(buf + r * 128 + off), true, true, v[4 * j], v[4 * j + 1]);
-        store_pair(reinterpret_cast<T*>(buf + (r + 8) * 128 + off), true, true, v[4 * j + 2],
-                   v[4 * j + 3]);
-      }
+      stage_box<T>(v, 0, buf, t.wg_thread);  // Note [Staging with stmatrix]
       fence_proxy_async_smem();
       named_barrier_sync(t.barrier, 128);
       if (t.wg_thread == 0) {

@@ -1,6 +1,6 @@
 // kernels/cuda/gemm/sm90.cuh — the Hopper (sm_90a) primitives the GEMM pieces are built from:
-// mbarriers, TMA tile loads and stores (cp.async.bulk.tensor), wgmma shared-memory descriptors and
-// fences, and setmaxnreg. Thin wrappers over PTX, each named after what it does.
+// mbarriers, TMA tile loads and stores (cp.async.bulk.tensor), stmatrix, wgmma shared-memory
+// descriptors and fences, and setmaxnreg. Thin wrappers over PTX, each named after what it does.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -115,6 +115,16 @@ __device__ __forceinline__ void tma_store_wait_all() {
 // Orders this thread's ordinary shared-memory writes before later async-proxy (TMA) reads.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// stmatrix .x4: four 8×8 matrices of 16-bit elements from the warp's registers into shared
+// memory in one instruction. Register k of every lane holds its pair of matrix k (row
+// lane / 4, columns 2(lane % 4) and + 1: the mma/wgmma accumulator fragment's layout);
+// lanes 8k .. 8k + 7 give the shared addresses of matrix k's rows 0-7 (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
 }
 __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
