@@ -75,14 +75,17 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Element `hi` (0: low half, 1: high half) of a pair packed as pack2 packs it, as float.
+// Element `hi` (0: low half, 1: high half) of a pair packed as pack2 packs it, as float
+// (exact). A bf16 is the top half of the float it stands for: one shift or one mask, where
+// extracting the high half as a 16-bit value first took two instructions.
 template <class T>
 __device__ __forceinline__ float unpack(uint32_t pair, int hi) {
-  const unsigned short bits = static_cast<unsigned short>(hi ? pair >> 16 : pair & 0xffffu);
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(__ushort_as_bfloat16(bits));
-  else
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(hi ? pair & 0xffff0000u : pair << 16);
+  } else {
+    const unsigned short bits = static_cast<unsigned short>(hi ? pair >> 16 : pair & 0xffffu);
     return __half2float(__ushort_as_half(bits));
+  }
 }
 
 // Grid for a grid-stride loop over n items with `threads` per block.

@@ -70,9 +70,11 @@ namespace ffn::cuda::gemm {
 // cuobjdump found local loads/stores in 7 of the 12 kernels and they ran slower (session
 // 15, call 2: the backward with dropout at ffn_d1024 0.505 against 0.420 ms, without it at
 // gpt2 0.251 against 0.237).
-// One exception since session 17: the bf16 gelu_erf backward has one 4-byte spill (a store
-// and a load) with z kept one box instead of two, which still measured 8% faster at gpt2's
-// fc1. The backward's activation warps stall mostly on fixed-latency dependencies (ncu,
+// One exception: the bf16 backward has one 4-byte spill (a store and a load; gelu_erf since
+// session 17 with z kept one box instead of two, which still measured 8% faster at gpt2's
+// fc1; all three activations since the 16-bit pairs are unpacked with a shift or a mask,
+// unpack in core/cuda/types.cuh, which measured 1.5% faster with db: 0.2194/0.2204 ->
+// 0.2165/0.2162 ms at gpt2's fc1, H100, session 25). The backward's activation warps stall mostly on fixed-latency dependencies (ncu,
 // session 17: stall_wait 32%, 46 instructions an element at gpt2's fc1), so registers freed
 // for more elements in flight pay: dz written at once and z one box ahead row by row made
 // the backward at K <= 1024 1-4% and then 5-9% faster (bench/RESULTS-2026-11-24-s17-19.md, session 17).
@@ -266,8 +268,8 @@ struct ActWarpgroup {
         const int off = r * 128 + ((ch ^ (r & 7)) << 4);
         const uint4 vraw = *reinterpret_cast<const uint4*>(vbox + off);
         const uint4 graw = *reinterpret_cast<const uint4*>(gbox + off);
-        const T* v = reinterpret_cast<const T*>(&vraw);
-        const T* g = reinterpret_cast<const T*>(&graw);
+        const uint32_t* v = reinterpret_cast<const uint32_t*>(&vraw);  // pairs (unpack)
+        const uint32_t* g = reinterpret_cast<const uint32_t*>(&graw);
         uint32_t* out = reinterpret_cast<uint32_t*>(&o[i]);
         uint32_t keep = 0;
         if constexpr (kDrop) keep = keep_bits(static_cast<int64_t>(row + r) * n + col + 8 * ch);
@@ -277,7 +279,7 @@ struct ActWarpgroup {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int e = 2 * q + h;
-            f2[h] = (to_acc(v[e]) + bv[e]) * act_math::value(to_acc(g[e]) + bg[e], A);
+            f2[h] = (unpack<T>(v[q], h) + bv[e]) * act_math::value(unpack<T>(g[q], h) + bg[e], A);
             if constexpr (kDrop) f2[h] *= (keep >> e) & 1u ? mask.scale : 0.0f;
           }
           out[q] = pack2<T>(f2[0], f2[1]);
@@ -366,9 +368,9 @@ struct ActWarpgroup {
           load_zglu(k < 6 ? un : nun, c, r0 + 64 * (k2 / 4) + 16 * (k2 % 4), ch, n2v, n2g);
         const uint8_t* box = sh.staged(b) + (2 * rb + c) * SH::kBoxBytes;
         const uint4 draw = *reinterpret_cast<const uint4*>(box + r * 128 + ((ch ^ (r & 7)) << 4));
-        const T* dh = reinterpret_cast<const T*>(&draw);
-        const T* v = reinterpret_cast<const T*>(&cv);
-        const T* g = reinterpret_cast<const T*>(&cg);
+        const uint32_t* dh = reinterpret_cast<const uint32_t*>(&draw);  // pairs (unpack)
+        const uint32_t* v = reinterpret_cast<const uint32_t*>(&cv);
+        const uint32_t* g = reinterpret_cast<const uint32_t*>(&cg);
         uint4 ov, og, oh;
         uint32_t* pv = reinterpret_cast<uint32_t*>(&ov);
         uint32_t* pg = reinterpret_cast<uint32_t*>(&og);
@@ -381,8 +383,8 @@ struct ActWarpgroup {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int e = 2 * q + h;
-            const float val = to_acc(v[e]) + bv[e], gate = to_acc(g[e]) + bg[e];
-            float a, da, s = to_acc(dh[e]), o;
+            const float val = unpack<T>(v[q], h) + bv[e], gate = unpack<T>(g[q], h) + bg[e];
+            float a, da, s = unpack<T>(dh[q], h), o;
             act_math::value_grad(gate, A, a, da);
             o = val * a;
             if constexpr (kDrop) {
@@ -537,7 +539,7 @@ struct ActWarpgroup {
           const int r = r0 + 16 * i;
           const int off = r * 128 + ((ch ^ (r & 7)) << 4);
           const uint4 graw = *reinterpret_cast<const uint4*>(box + off);
-          const T* g = reinterpret_cast<const T*>(&graw);
+          const uint32_t* g = reinterpret_cast<const uint32_t*>(&graw);  // pairs (unpack)
           uint32_t* p1 = reinterpret_cast<uint32_t*>(&o1[i]);
           uint32_t* p2 = reinterpret_cast<uint32_t*>(&o2[i]);
           // The mask's eight keep bits (one register, not eight float factors, which made the
@@ -551,15 +553,15 @@ struct ActWarpgroup {
               const int64_t zat = chunk(zrow + 16 * i, zcol);
               zc[i] = zat >= 0 ? __ldg(reinterpret_cast<const uint4*>(z + zat)) : uint4{};
             }
-            const T* zt = reinterpret_cast<const T*>(&zraw);
+            const uint32_t* zt = reinterpret_cast<const uint32_t*>(&zraw);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {  // element pairs: one packed rounding per output pair
               float f1[2], f2[2];
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int e = 2 * q + h;
-                float val, d, gf = to_acc(g[e]);
-                act_math::value_grad(to_acc(zt[e]) + bv[e], A, val, d);
+                float val, d, gf = unpack<T>(g[q], h);
+                act_math::value_grad(unpack<T>(zt[q], h) + bv[e], A, val, d);
                 if constexpr (kDrop) {  // bias_act_dropout_backward's (g·f)·d and val·f
                   const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
                   gf *= f;
@@ -586,7 +588,7 @@ struct ActWarpgroup {
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int e = 2 * q + h;
-                f2[h] = act_math::value(to_acc(g[e]) + bv[e], A);
+                f2[h] = act_math::value(unpack<T>(g[q], h) + bv[e], A);
                 if constexpr (kDrop) f2[h] *= (keep >> e) & 1u ? mask.scale : 0.0f;
               }
               p2[q] = pack2<T>(f2[0], f2[1]);
