@@ -52,7 +52,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 // went 0.315 → 0.292 ms at gpt2_small's shape (ffn-bench --attention, same call, H200).
 // The GEMM's producer spins too (7M of 99M warp instructions in fc1's backward activation
 // GEMM), but there the idle wait measured no faster (0.212 → 0.214 ms) and the bare
-// weight-gradient GEMMs 1-5% slower in one A/B, so the GEMM keeps mbar_wait.
+// weight-gradient GEMMs 1-5% slower in one A/B, so the GEMM keeps mbar_wait. try_wait's
+// suspend-time hint in the GEMM producer's wait (suspended until the phase completes) measured
+// no better either (session 25, H100, alternated twice: fc1's backward activation GEMM
+// 0.2069/0.2075 -> 0.2086/0.2108 ms, gpt2_small 32.0/31.9 -> 32.0/31.8 ms/iter).
 constexpr unsigned kIdleSleepNs = 128;
 __device__ __forceinline__ void mbar_wait_idle(uint64_t* bar, uint32_t parity) {
   for (;;) {
