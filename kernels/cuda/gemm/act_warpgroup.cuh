@@ -74,10 +74,11 @@ namespace ffn::cuda::gemm {
 // session 17 with z kept one box instead of two, which still measured 8% faster at gpt2's
 // fc1; all three activations since the 16-bit pairs are unpacked with a shift or a mask,
 // unpack in core/cuda/types.cuh, which measured 1.5% faster with db: 0.2194/0.2204 ->
-// 0.2165/0.2162 ms at gpt2's fc1, H100, session 25). The backward's activation warps stall mostly on fixed-latency dependencies (ncu,
-// session 17: stall_wait 32%, 46 instructions an element at gpt2's fc1), so registers freed
-// for more elements in flight pay: dz written at once and z one box ahead row by row made
-// the backward at K <= 1024 1-4% and then 5-9% faster (bench/RESULTS-2026-11-24-s17-19.md, session 17).
+// 0.2165/0.2162 ms at gpt2's fc1, H100, session 25). The backward's activation warps stall
+// mostly on fixed-latency dependencies (ncu, session 17: stall_wait 32%, 46 instructions an
+// element at gpt2's fc1), so registers freed for more elements in flight pay: dz written at
+// once and z one box ahead row by row made the backward at K <= 1024 1-4% and then 5-9%
+// faster (bench/RESULTS-2026-11-24-s17-19.md, session 17).
 // The hidden dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col ..
 // + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
 // computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and

@@ -78,7 +78,7 @@ __device__ __forceinline__ void stage_box(const float (&v)[R], int first, uint8_
 #pragma unroll
   for (int j = 0; j < 8; j += 2) {
     const int i = first + 4 * j;
-    stmatrix_x4(base + ((((j + (m >> 1)) ^ (row & 7))) << 4), pack2<T>(v[i], v[i + 1]),
+    stmatrix_x4(base + (((j + (m >> 1)) ^ (row & 7)) << 4), pack2<T>(v[i], v[i + 1]),
                 pack2<T>(v[i + 2], v[i + 3]), pack2<T>(v[i + 4], v[i + 5]),
                 pack2<T>(v[i + 6], v[i + 7]));
   }
