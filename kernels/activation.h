@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "core/dtype.h"  // FFN_HD
 #include "core/names.h"
@@ -105,24 +106,53 @@ FFN_HD float ex2_(float x) {  // 2^x (ex2.approx.ftz on the GPU, as exp_)
   return exp2f(x);
 #endif
 }
+// Note [erfc GELU for 16-bit outputs]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A kernel that stores bf16 or f16 rounds every output to 8 or 11 significant bits, so the
+// 1e-7 of Note [erfc GELU]'s degree-9 P is spent on digits the rounding throws away. For
+// 16-bit storage the same t·2^(P'(t) − s²) form takes a degree-5 P' with t = 1/(1 +
+// 0.4579050·s) (a minimax fit of log2(Φ(−|x|)/t) + s² over |x| ≤ 12, session 25): the
+// largest relative error of Φ(−|x|) is 2.7e-5 in double and 3.4e-5 evaluated in float (the
+// degree-9 form: 1.1e-7 and 1.4e-5), the derivative's largest absolute error 1.3e-5 (2.2e-7),
+// against half an ulp of 2^-9 (bf16) and 2^-12 (f16 near 1); four FMAs an element fewer, on
+// the activation warpgroups' longest dependency chain (Note [Activation warpgroup]). Which
+// form a kernel uses is its storage type's (act_math::value<S> and friends, S the stored
+// type): every GPU kernel that stores 16-bit activations, fused or not, takes the short one,
+// so fused and unfused outputs stay bit-identical; f32 and f64 storage (the CPU references,
+// the f32 GPU kernels) keep the degree-9 form, so those stay bit-identical to each other.
+// tests/kernels/test_bias_act_dropout.cpp checks both forms' errors on a grid.
+//
 // Φ(-|x|), and s2 = x²·log2(e)/2. s² is a product that is never contracted into an FMA, so
 // the value is the same bits whether or not the caller also uses s2 (left to the compiler,
 // P' − s² became one FMA where s² had no other use and not where the pdf used it too: the
 // forward's hd and the backward's recomputed hd differed in the last bit; one explicit FMA in
 // both instead left the backward activation GEMM 12 bytes of spills against none).
+// kShort: Note [erfc GELU for 16-bit outputs]'s degree-5 form.
+template <bool kShort = false>
 FFN_HD float erfc_half_tail(float x, float& s2) {
   const float s = fabsf(x) * 0.8493218003f;
-  const float t = div_(1.0f, fmaf(0.4162773056f, s, 1.0f));
-  float p = 0.246517298f;
-  p = fmaf(p, t, -1.18611495f);
-  p = fmaf(p, t, 2.14747446f);
-  p = fmaf(p, t, -1.63775315f);
-  p = fmaf(p, t, 0.402321582f);
-  p = fmaf(p, t, -0.26875686f);
-  p = fmaf(p, t, 0.139630057f);
-  p = fmaf(p, t, 0.539700616f);
-  p = fmaf(p, t, 1.4427292f);
-  p = fmaf(p, t, -2.82574822f);
+  float t, p;
+  if constexpr (kShort) {
+    t = div_(1.0f, fmaf(0.4579050f, s, 1.0f));
+    p = 0.309738917f;
+    p = fmaf(p, t, -0.8081246214f);
+    p = fmaf(p, t, 0.275270576f);
+    p = fmaf(p, t, 0.4671146265f);
+    p = fmaf(p, t, 1.444265361f);
+    p = fmaf(p, t, -2.688226036f);
+  } else {
+    t = div_(1.0f, fmaf(0.4162773056f, s, 1.0f));
+    p = 0.246517298f;
+    p = fmaf(p, t, -1.18611495f);
+    p = fmaf(p, t, 2.14747446f);
+    p = fmaf(p, t, -1.63775315f);
+    p = fmaf(p, t, 0.402321582f);
+    p = fmaf(p, t, -0.26875686f);
+    p = fmaf(p, t, 0.139630057f);
+    p = fmaf(p, t, 0.539700616f);
+    p = fmaf(p, t, 1.4427292f);
+    p = fmaf(p, t, -2.82574822f);
+  }
 #if defined(__CUDA_ARCH__)
   s2 = __fmul_rn(s, s);
 #else
@@ -130,33 +160,49 @@ FFN_HD float erfc_half_tail(float x, float& s2) {
 #endif
   return t * ex2_(p - s2);
 }
+template <bool kShort = false>
 FFN_HD float gelu_erf_cdf(float x) {  // Φ(x)
   float s2;
-  const float q = erfc_half_tail(x, s2);
+  const float q = erfc_half_tail<kShort>(x, s2);
   return x < 0.0f ? q : 1.0f - q;
 }
+template <bool kShort = false>
 FFN_HD double gelu_erf_cdf(double x) {
   return 0.5 * erfc(x * -0.70710678118654752440);
 }
 // Φ(x) and φ(x) = exp(-x²/2)/√(2π) together.
+template <bool kShort = false>
 FFN_HD void gelu_erf_cdf_pdf(float x, float& cdf, float& pdf) {
   float s2;
-  const float q = erfc_half_tail(x, s2);
+  const float q = erfc_half_tail<kShort>(x, s2);
   cdf = x < 0.0f ? q : 1.0f - q;
   pdf = 0.3989422804f * ex2_(-s2);
 }
+template <bool kShort = false>
 FFN_HD void gelu_erf_cdf_pdf(double x, double& cdf, double& pdf) {
   cdf = gelu_erf_cdf(x);
   pdf = 0.39894228040143267794 * exp(-0.5 * x * x);
 }
 
+// Whether storage type S takes the short erfc (Note [erfc GELU for 16-bit outputs]): the
+// 16-bit types; void (the default: store as computed) and wider types do not.
+template <class S>
+FFN_HD constexpr bool short_erfc() {
+  if constexpr (std::is_void_v<S>)
+    return false;
+  else
+    return sizeof(S) == 2;
+}
+
 // gelu_tanh(x) = x/2·(1 + tanh(u)) = x·σ(2u), u = √(2/π)·(x + 0.044715·x³): the sigmoid
 // form has no cancellation for negative x and costs one exp.
-template <class T>
+// S (Note [erfc GELU for 16-bit outputs]): the type the caller stores the result as; void
+// (the default) for T itself.
+template <class S = void, class T>
 FFN_HD T value(T x, Activation a) {
   switch (a) {
     case Activation::gelu_erf:
-      return x * gelu_erf_cdf(x);
+      return x * gelu_erf_cdf<short_erfc<S>()>(x);
     case Activation::gelu_tanh: {
       const T u = T(0.79788456080286535588) * (x + T(0.044715) * x * x * x);
       return div_(x, T(1) + exp_(T(-2) * u));
@@ -170,12 +216,12 @@ FFN_HD T value(T x, Activation a) {
 }
 
 // d value / dx
-template <class T>
+template <class S = void, class T>
 FFN_HD T grad(T x, Activation a) {
   switch (a) {
     case Activation::gelu_erf: {
       T cdf, pdf;
-      gelu_erf_cdf_pdf(x, cdf, pdf);
+      gelu_erf_cdf_pdf<short_erfc<S>()>(x, cdf, pdf);
       return cdf + x * pdf;
     }
     case Activation::gelu_tanh: {
@@ -195,12 +241,12 @@ FFN_HD T grad(T x, Activation a) {
 
 // value and grad together (backward kernels recompute the forward for dW2): the
 // sigmoid or erf is evaluated once. Same formulas as value() and grad().
-template <class T>
+template <class S = void, class T>
 FFN_HD void value_grad(T x, Activation a, T& v, T& g) {
   switch (a) {
     case Activation::gelu_erf: {
       T cdf, pdf;
-      gelu_erf_cdf_pdf(x, cdf, pdf);
+      gelu_erf_cdf_pdf<short_erfc<S>()>(x, cdf, pdf);
       v = x * cdf;
       g = cdf + x * pdf;
       return;

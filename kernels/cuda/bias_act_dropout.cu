@@ -34,7 +34,7 @@ struct GeluFwd {
       const int64_t i0 = rows[u] * n + c0;
       mask.factors<VEC>(i0, f);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[u][j] = act_math::value(v[u][j] + bb[j], act) * f[j];
+      for (int j = 0; j < VEC; ++j) v[u][j] = act_math::value<T>(v[u][j] + bb[j], act) * f[j];
       store_vec<VEC>(hd + i0, v[u]);
     }
   }
@@ -76,7 +76,7 @@ struct DgeluDbias {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         A val, d;
-        act_math::value_grad(v[u][j] + bb[j], act, val, d);
+        act_math::value_grad<T>(v[u][j] + bb[j], act, val, d);
         g[u][j] = g[u][j] * f[j] * d;
         acc[0][j] += g[u][j];
         h[j] = val * f[j];

@@ -35,7 +35,7 @@ struct GluFwd {
       mask.factors<VEC>(io, f);
 #pragma unroll
       for (int j = 0; j < VEC; ++j)
-        v[u][j] = (v[u][j] + bv[j]) * act_math::value(g[u][j] + bg[j], act) * f[j];
+        v[u][j] = (v[u][j] + bv[j]) * act_math::value<T>(g[u][j] + bg[j], act) * f[j];
       store_vec<VEC>(out + io, v[u]);
     }
   }
@@ -74,7 +74,7 @@ struct DgluDbias {
       for (int j = 0; j < VEC; ++j) {
         const A val = v[u][j] + bv[j], gate = g[u][j] + bg[j];
         A a, da;
-        act_math::value_grad(gate, act, a, da);
+        act_math::value_grad<T>(gate, act, a, da);
         const A sj = s[u][j] * f[j];
         v[u][j] = sj * a;         // d value
         g[u][j] = sj * val * da;  // d gate

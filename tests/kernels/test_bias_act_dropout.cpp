@@ -3,6 +3,7 @@
 // and fp64 finite differences, its argument checks, and the CUDA kernels against the reference
 // (FFN_GPU_TEST cases skip visibly without a GPU).
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/bias_act_dropout.h"
 #include "kernels/bias_glu_dropout.h"
@@ -102,6 +103,31 @@ TEST_CASE("activation values and derivatives") {
     CHECK(err_v4 < 3e-6);  // measured 1.6e-6; 0.5·x·(1 + erff) has 4.6e-4 here
     CHECK(err_v < 3e-5);   // down to x ≈ -11.5 (|gelu| > 1e-30): exp(-x²/2) of a rounded x²
     CHECK(err_g < 2e-5);
+  }
+  // The same for 16-bit storage (Note [erfc GELU for 16-bit outputs]; any 2-byte S selects
+  // it): errors far under half a bf16 or f16 ulp (2^-9, 2^-12 near 1), value_grad equal to
+  // value and grad bit for bit, and a form of its own (it differs from the degree-9 one).
+  {
+    double err_v = 0, err_g = 0;
+    int differ = 0, other = 0;
+    for (int i = -120000; i <= 120000; i += 7) {
+      const float x = static_cast<float>(i) * 1e-4f;
+      const double vd = act_math::value(double(x), Activation::gelu_erf);
+      const double gd = act_math::grad(double(x), Activation::gelu_erf);
+      const float vf = act_math::value<uint16_t>(x, Activation::gelu_erf);
+      const float gf = act_math::grad<uint16_t>(x, Activation::gelu_erf);
+      float v2 = 0, g2 = 0;
+      act_math::value_grad<uint16_t>(x, Activation::gelu_erf, v2, g2);
+      differ += (v2 != vf) + (g2 != gf);
+      other += vf != act_math::value(x, Activation::gelu_erf);
+      if (std::abs(vd) > 1e-30) err_v = std::max(err_v, std::abs(vf - vd) / std::abs(vd));
+      err_g = std::max(err_g, std::abs(gf - gd) / std::max(std::abs(gd), 1e-2));
+    }
+    INFO("short erfc: value ", err_v, ", derivative ", err_g);
+    CHECK(differ == 0);
+    CHECK(other > 0);
+    CHECK(err_v < 5e-5);  // an fp32 model of the form: 3.4e-5 over |x| <= 12
+    CHECK(err_g < 1e-3);  // 6.1e-4: Φ's 3.4e-5 of 0.23 near g's zero (x ≈ -0.75), over 0.01
   }
   CHECK(parse_activation("gelu") == Activation::gelu_erf);
   CHECK_THROWS_WITH_AS(parse_activation("relu6"), doctest::Contains("unknown activation 'relu6'"),

@@ -280,7 +280,8 @@ struct ActWarpgroup {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int e = 2 * q + h;
-            f2[h] = (unpack<T>(v[q], h) + bv[e]) * act_math::value(unpack<T>(g[q], h) + bg[e], A);
+            f2[h] =
+                (unpack<T>(v[q], h) + bv[e]) * act_math::value<T>(unpack<T>(g[q], h) + bg[e], A);
             if constexpr (kDrop) f2[h] *= (keep >> e) & 1u ? mask.scale : 0.0f;
           }
           out[q] = pack2<T>(f2[0], f2[1]);
@@ -386,7 +387,7 @@ struct ActWarpgroup {
             const int e = 2 * q + h;
             const float val = unpack<T>(v[q], h) + bv[e], gate = unpack<T>(g[q], h) + bg[e];
             float a, da, s = unpack<T>(dh[q], h), o;
-            act_math::value_grad(gate, A, a, da);
+            act_math::value_grad<T>(gate, A, a, da);
             o = val * a;
             if constexpr (kDrop) {
               const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
@@ -562,7 +563,7 @@ struct ActWarpgroup {
               for (int h = 0; h < 2; ++h) {
                 const int e = 2 * q + h;
                 float val, d, gf = unpack<T>(g[q], h);
-                act_math::value_grad(unpack<T>(zt[q], h) + bv[e], A, val, d);
+                act_math::value_grad<T>(unpack<T>(zt[q], h) + bv[e], A, val, d);
                 if constexpr (kDrop) {  // bias_act_dropout_backward's (g·f)·d and val·f
                   const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
                   gf *= f;
@@ -589,7 +590,7 @@ struct ActWarpgroup {
 #pragma unroll
               for (int h = 0; h < 2; ++h) {
                 const int e = 2 * q + h;
-                f2[h] = act_math::value(unpack<T>(g[q], h) + bv[e], A);
+                f2[h] = act_math::value<T>(unpack<T>(g[q], h) + bv[e], A);
                 if constexpr (kDrop) f2[h] *= (keep >> e) & 1u ? mask.scale : 0.0f;
               }
               p2[q] = pack2<T>(f2[0], f2[1]);

@@ -354,7 +354,8 @@ struct BiasActDropout {
     uint4 out;
     T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = from_acc<T>(act_math::value(to_acc(zt[j]) + bv[j], A) * f[j]);
+    for (int j = 0; j < 8; ++j)
+      o[j] = from_acc<T>(act_math::value<T>(to_acc(zt[j]) + bv[j], A) * f[j]);
     *reinterpret_cast<uint4*>(hd + i0) = out;
   }
 
@@ -369,7 +370,7 @@ struct BiasActDropout {
       float g = 1.0f;
       if (mask.active)
         g = draw_of(philox_block(mask.keys, mask.off(), u >> 3), u) >= mask.thr ? mask.scale : 0.0f;
-      hd[i0 + j] = from_acc<T>(act_math::value(to_acc(z8[j]) + b, act) * g);
+      hd[i0 + j] = from_acc<T>(act_math::value<T>(to_acc(z8[j]) + b, act) * g);
     }
   }
 };
@@ -449,12 +450,12 @@ struct ActTma {
           if constexpr (kBackward) {
             const uint32_t pair = zr[2 * j + e / 2];
             float val, d;
-            act_math::value_grad(unpack<T>(pair, e & 1) + b, A, val, d);
+            act_math::value_grad<T>(unpack<T>(pair, e & 1) + b, A, val, d);
             o1[e] = g * d;
             o2[e] = val;
           } else {
             o1[e] = g;
-            o2[e] = act_math::value(g + b, A);
+            o2[e] = act_math::value<T>(g + b, A);
           }
         }
         const int off = ((j ^ (r & 7)) << 4) + 4 * (lane % 4);
