@@ -165,6 +165,45 @@ TEST_CASE("GradSync: 2 ranks with half batches each give the full batch's gradie
   CHECK(recorded_sizes(*group[0]) == recorded_sizes(*group[1]));
 }
 
+// Note [In-place gradient buckets]: reducing the gradients where backward left them gives
+// the same bits as copying them into flat buffers first, one collective per parameter
+// instead of one per bucket (on NCCL: one grouped launch per bucket).
+TEST_CASE("GradSync: in-place buckets give the flat buckets' gradients") {
+  const Tensor x = ids(4, 8, 0), y = ids(4, 8, 1);
+  std::vector<std::vector<Tensor>> grads[2];  // [flat][rank]
+  std::vector<int64_t> sizes[2];
+  for (int flat = 0; flat < 2; ++flat) {
+    auto group = make_thread_group(2);
+    grads[flat].resize(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        Generator init(5);
+        GPT m(small_gpt(), std::make_shared<Generator>(1), init);
+        GradSync sync(m.named_parameters(), *group[r], 8 * 8 * 8 * 3, /*shard=*/false, flat);
+        const Tensor xr = x.narrow(0, 2 * r, 2).contiguous();
+        const Tensor yr = y.narrow(0, 2 * r, 2).contiguous();
+        m.loss(xr, yr).backward(Tensor::full({}, 1.0, DType::f64), sync.hook());
+        sync.finish();
+        for (const Var& p : m.parameters()) grads[flat][r].push_back(p.grad().clone());
+      });
+    for (auto& t : threads) t.join();
+    sizes[flat] = recorded_sizes(*group[0]);
+  }
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(grads[0][r].size() == grads[1][r].size());
+    for (size_t i = 0; i < grads[0][r].size(); ++i)
+      ffn::test::check_close(grads[0][r][i], grads[1][r][i], 0, 0,
+                             "rank " + std::to_string(r) + " grad " + std::to_string(i));
+  }
+  CHECK(sizes[0].size() == grads[0][0].size());  // in place: one all-reduce per parameter
+  CHECK(sizes[1].size() < sizes[0].size());      // flat: one per bucket
+  int64_t a = 0, b = 0;
+  for (int64_t n : sizes[0]) a += n;
+  for (int64_t n : sizes[1]) b += n;
+  CHECK(a == b);
+}
+
 TEST_CASE("2-rank data-parallel training (CPU, in-process group) tracks the 1-process run") {
   const fs::path root = fs::temp_directory_path() / ("ffn-dist-" + std::to_string(::getpid()));
   fs::remove_all(root);

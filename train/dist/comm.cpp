@@ -219,6 +219,21 @@ class NcclComm final : public Comm {
                                    stream_));
     });
   }
+  void all_reduce_many(std::vector<Tensor>& bufs, bool average, const std::string& what) override {
+    int64_t bytes = 0;
+    for (const Tensor& b : bufs) {
+      FFN_CHECK(b.is_contiguous(), "[nccl] ", what, ": ", b.desc(), " is not contiguous");
+      bytes += static_cast<int64_t>(b.nbytes());
+    }
+    enqueue(what, bytes, [&] {
+      FFN_CHECK_NCCL(ncclGroupStart());
+      for (Tensor& b : bufs)
+        FFN_CHECK_NCCL(ncclAllReduce(b.data_ptr(), b.data_ptr(), static_cast<size_t>(b.numel()),
+                                     nccl_type(b.dtype()), average ? ncclAvg : ncclSum, comm_,
+                                     stream_));
+      FFN_CHECK_NCCL(ncclGroupEnd());
+    });
+  }
   void reduce_scatter(Tensor& buf, bool average, const std::string& what) override {
     const size_t n = chunk(buf, what);
     enqueue(what, static_cast<int64_t>(buf.nbytes()), [&] {

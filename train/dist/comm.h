@@ -50,6 +50,11 @@ class Comm {
   // In place: buf = mean over ranks (avg) or sum over ranks. `what` names the collective
   // in timeout/error messages.
   virtual void all_reduce(Tensor& buf, bool average, const std::string& what) = 0;
+  // all_reduce of each of `bufs` (contiguous), as one collective where the backend can (NCCL:
+  // one grouped launch; Note [In-place gradient buckets]). Default: one after another.
+  virtual void all_reduce_many(std::vector<Tensor>& bufs, bool average, const std::string& what) {
+    for (Tensor& b : bufs) all_reduce(b, average, what);
+  }
   // In place over world equal chunks of buf (numel divisible by world): chunk `rank` becomes
   // the mean (or sum) over ranks of that chunk; the other chunks are left undefined.
   virtual void reduce_scatter(Tensor& buf, bool average, const std::string& what) = 0;

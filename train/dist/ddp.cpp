@@ -4,10 +4,11 @@
 namespace ffn::train {
 
 GradSync::GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm,
-                   int64_t bucket_bytes, bool shard)
+                   int64_t bucket_bytes, bool shard, bool flat)
     : params_(std::move(params)),
       comm_(comm),
       shard_(shard),
+      flat_(shard || flat),
       where_(params_.size()),
       filled_(params_.size()) {
   FFN_CHECK(bucket_bytes > 0, "[ddp] bucket_bytes must be > 0, got ", bucket_bytes);
@@ -28,7 +29,7 @@ GradSync::GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm,
     bytes += static_cast<int64_t>(w.nbytes());
     index_[params_[k].second.impl()] = k;
   }
-  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+  for (size_t bi = 0; bi < buckets_.size() && flat_; ++bi) {
     int64_t off = 0;
     for (size_t k : buckets_[bi].params) {
       where_[k].second = off;
@@ -62,8 +63,12 @@ void GradSync::on_ready(const Var& v) {
   const size_t k = it->second;
   if (filled_[k]) return;
   const auto [bi, off] = where_[k];
-  Tensor slot = buckets_[bi].flat.narrow(0, off, v.value().numel());
-  slot.copy_(v.grad().reshape({v.value().numel()}));
+  if (flat_) {
+    Tensor slot = buckets_[bi].flat.narrow(0, off, v.value().numel());
+    slot.copy_(v.grad().reshape({v.value().numel()}));
+  } else if (!v.grad().is_contiguous()) {  // Note [In-place gradient buckets]
+    Var(v).set_grad(v.grad().contiguous());
+  }
   filled_[k] = true;
   ++buckets_[bi].ready;
   launch_ready_prefix(true);
@@ -74,10 +79,15 @@ void GradSync::launch_ready_prefix(bool in_backward) {
     Bucket& b = buckets_[next_];
     if (b.ready < static_cast<int>(b.params.size())) return;
     const std::string what = "gradient bucket " + std::to_string(next_);
-    if (shard_)
+    if (shard_) {
       comm_.reduce_scatter(b.flat, /*average=*/true, what);
-    else
+    } else if (flat_) {
       comm_.all_reduce(b.flat, /*average=*/true, what);
+    } else {  // the parameters' own gradients, in place, as one collective
+      std::vector<Tensor> grads;
+      for (size_t k : b.params) grads.push_back(params_[k].second.grad());
+      comm_.all_reduce_many(grads, /*average=*/true, what);
+    }
     b.launched = true;
     if (in_backward) ++stats_.launched_in_backward;
     ++next_;
@@ -89,13 +99,17 @@ void GradSync::finish() {
     for (size_t k : buckets_[bi].params)
       if (!filled_[k]) {  // no gradient this step: contribute zeros
         const auto [b, off] = where_[k];
-        buckets_[b].flat.narrow(0, off, params_[k].second.value().numel()).zero_();
+        Var& p = params_[k].second;
+        if (flat_)
+          buckets_[b].flat.narrow(0, off, p.value().numel()).zero_();
+        else
+          p.set_grad(Tensor::zeros(p.shape(), p.value().dtype(), p.value().device()));
         filled_[k] = true;
         ++buckets_[b].ready;
       }
   launch_ready_prefix(false);
   comm_.wait();
-  if (shard_) return;
+  if (shard_ || !flat_) return;
   for (size_t k = 0; k < params_.size(); ++k) {
     const auto [bi, off] = where_[k];
     Var& p = params_[k].second;
