@@ -25,7 +25,8 @@ namespace ffn::cuda::gemm {
 // kernel forward, 1.74× backward), nor with one warpgroup of its own (ncu: it issued one
 // instruction in three cycles, the consumers waited for its buffers). A CTA here has four
 // warpgroups:
-//   0  producer: TMA loads of the A/B ring;
+//   0  producer: TMA loads of the A/B ring; its thread takes each next unit (Note [Dynamic
+//      unit order]) and hands it to the other warps;
 //   1  the consumer: every tile's mainloop (128×128, both 64-row halves), then it only
 //      rounds the accumulators to T (exactly the GEMM's stored output) into staged[j % 2],
 //      in TMA's 64×64 swizzled boxes, and goes on to the next tile (its MMAs idle only
@@ -74,11 +75,13 @@ namespace ffn::cuda::gemm {
 // session 17 with z kept one box instead of two, which still measured 8% faster at gpt2's
 // fc1; all three activations since the 16-bit pairs are unpacked with a shift or a mask,
 // unpack in core/cuda/types.cuh, which measured 1.5% faster with db: 0.2194/0.2204 ->
-// 0.2165/0.2162 ms at gpt2's fc1, H100, session 25). The backward's activation warps stall
-// mostly on fixed-latency dependencies (ncu, session 17: stall_wait 32%, 46 instructions an
-// element at gpt2's fc1), so registers freed for more elements in flight pay: dz written at
-// once and z one box ahead row by row made the backward at K <= 1024 1-4% and then 5-9%
-// faster (bench/RESULTS-2026-11-24-s17-19.md, session 17).
+// 0.2165/0.2162 ms at gpt2's fc1, H100, session 25). Since session 26 (the short erfc for
+// 16-bit outputs, the unit ring) ptxas reports the 4-byte spill in the bf16 gelu_erf and
+// silu and the f16 gelu_erf backward kernels, none in the others. The backward's activation
+// warps stall mostly on fixed-latency dependencies (ncu, session 17: stall_wait 32%, 46
+// instructions an element at gpt2's fc1), so registers freed for more elements in flight
+// pay: dz written at once and z one box ahead row by row made the backward at K <= 1024 1-4%
+// and then 5-9% faster (bench/RESULTS-2026-11-24-s17-19.md, session 17).
 // The hidden dropout: each thread's 16-byte chunk is 8 consecutive elements row·n + col ..
 // + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
 // computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
@@ -103,7 +106,10 @@ struct ActShared {
   // backward) or a value and a gate half (the GLU's).
   static constexpr int kHalves = kGlu ? 2 : 1;
   static constexpr int kRedBytes = kBackward ? 2 * kHalves * 3 * 64 * 4 : 0;
-  static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes;
+  // Note [Dynamic unit order]: the ring's readers are the consumer's 4 warps and the
+  // activation warpgroups' 8.
+  using Ring = UnitRing<12>;
+  static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes + Ring::kBytes;
   static constexpr int kHandoff = 384;  // the consumer's and both activation warpgroups' threads
 
   uint8_t* base;  // staged[0], staged[1] (, red)
@@ -125,6 +131,7 @@ struct ActShared {
   __device__ float* red(int c) const {
     return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * kHalves * 3 * 64;
   }
+  __device__ Ring ring() const { return Ring::carve(base + kBuffers * kTileBytes + kRedBytes); }
 };
 
 // The consumer's 64-row block rb (0, 1) of a 128×128 tile, rounded to T, into the
@@ -245,15 +252,17 @@ struct ActWarpgroup {
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of the box
     const int own = SH::act_barrier(c);
-    int j = 0;
-    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+    const auto ring = sh.ring();
+    int u = ring.at(0);
+    for (int j = 0; u >= 0; ++j) {
       const Unit un = sched.unit(u);
+      const int next = ring.at(j + 1);  // -1: none
       const int b = j & 1;
       const int row = 128 * un.tm + 64 * c, col = 64 * un.tn;
       uint8_t* vbox = sh.staged(b) + (2 * c) * SH::kBoxBytes;  // value half of row box c
       uint8_t* gbox = vbox + SH::kBoxBytes;                    // gate half
       named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
-      if (j > 0) release(c, sh, j - 1, u - static_cast<int>(gridDim.x), sched);
+      if (j > 0) release(c, j - 1, next >= 0);
       if (t == 0) {  // z leaves as the GEMM rounded it
         tma_store_2d(zmap, vbox, col, row);
         tma_store_2d(zmap, gbox, n + col, row);
@@ -300,6 +309,7 @@ struct ActWarpgroup {
         tma_store_2d(outmap, vbox, col, row);
         tma_store_commit();
       }
+      u = next;
     }
     if (t == 0) tma_store_wait_all();
   }
@@ -329,22 +339,24 @@ struct ActWarpgroup {
     // z's value and gate chunks of the row computed next (c) and of the one after it (n1);
     // row k of a tile is row r0 + 64 (k / 4) + 16 (k % 4) of it.
     uint4 cv{}, cg{}, n1v{}, n1g{};
-    if (static_cast<int>(blockIdx.x) < sched.num_units()) {
-      const Unit first = sched.unit(blockIdx.x);
+    const auto ring = sh.ring();
+    int u = ring.at(0);
+    if (u >= 0) {
+      const Unit first = sched.unit(u);
       load_zglu(first, c, r0, ch, cv, cg);
       load_zglu(first, c, r0 + 16, ch, n1v, n1g);
     }
-    int j = 0;
-    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+    for (int j = 0; u >= 0; ++j) {
       const Unit un = sched.unit(u);
       const int b = j & 1;
       const int rows = 128 * un.tm, col = 128 * un.tn + 64 * c;  // the column block's
-      const int next = u + static_cast<int>(gridDim.x);
-      const bool has_next = next < sched.num_units();
+      const int next = ring.at(j + 1);  // -1: none
+      const bool has_next = next >= 0;
       const Unit nun = has_next ? sched.unit(next) : un;
-      {  // the z tile after the next one into L2: row t of both halves
-        const int ahead = next + static_cast<int>(gridDim.x);
-        if (ahead < sched.num_units()) {
+      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
+      {  // the z tile after the next one into L2 (if taken yet): row t of both halves
+        const int ahead = has_next ? ring.peek(j + 2) : -1;
+        if (ahead >= 0) {
           const Unit far = sched.unit(ahead);
           const int64_t at = glu_chunk(128 * far.tm + t, 128 * far.tn + 64 * c);
           if (at >= 0) {
@@ -353,8 +365,7 @@ struct ActWarpgroup {
           }
         }
       }
-      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
-      if (j > 0) release(c, sh, j - 1, u - static_cast<int>(gridDim.x), sched);
+      if (j > 0) release(c, j - 1, has_next);
       float sv[8], sg[8];  // this thread's column sums of dv and dg
 #pragma unroll
       for (int e = 0; e < 8; ++e) sv[e] = sg[e] = 0.0f;
@@ -419,6 +430,7 @@ struct ActWarpgroup {
         n1g = n2g;
       }
       if (db_part) column_sums(c, sh, sv, sg, un.tm, col);
+      u = next;
     }
   }
 
@@ -495,26 +507,28 @@ struct ActWarpgroup {
     // bound at small K, where a load waited for in place would add its whole latency to every
     // tile) while only one box's z is live (two boxes' until session 17: 16 more registers).
     uint4 zc[4];
+    const auto ring = sh.ring();
+    int u = ring.at(0);
     if constexpr (kBackward) {
-      if (static_cast<int>(blockIdx.x) < sched.num_units())
-        load_z(sched.unit(blockIdx.x), c, 0, r0, ch, zc);
+      if (u >= 0) load_z(sched.unit(u), c, 0, r0, ch, zc);
     }
-    int j = 0;
-    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+    for (int j = 0; u >= 0; ++j) {
       const Unit un = sched.unit(u);
+      const int next = ring.at(j + 1);  // -1: none
       const int b = j & 1;
       const int rows = 128 * un.tm, col = 128 * un.tn + 64 * c;  // the column block's
       uint8_t* st = sh.staged(b);
+      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
       if constexpr (kBackward) {  // the z tile after the next one into L2, a row per thread
-        const int ahead = u + 2 * static_cast<int>(gridDim.x);
-        if (ahead < sched.num_units()) {
+        // (normally taken by now: the producer takes each unit before loading the one before)
+        const int ahead = next >= 0 ? ring.peek(j + 2) : -1;
+        if (ahead >= 0) {
           const Unit far = sched.unit(ahead);
           const int64_t at = chunk(128 * far.tm + t, 128 * far.tn + 64 * c);
           if (at >= 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(z + at));
         }
       }
-      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
-      if (j > 0) release(c, sh, j - 1, u - static_cast<int>(gridDim.x), sched);
+      if (j > 0) release(c, j - 1, next >= 0);
       if (!kBackward && t == 0) {  // z leaves as the GEMM rounded it, one group per box
 #pragma unroll
         for (int rb = 0; rb < 2; ++rb) {
@@ -527,13 +541,12 @@ struct ActWarpgroup {
       float dsum[8];  // backward: this thread's column sums over the block's rows
 #pragma unroll
       for (int e = 0; e < 8; ++e) dsum[e] = 0.0f;
-      const int next = u + static_cast<int>(gridDim.x);
 #pragma unroll 1
       for (int rb = 0; rb < 2; ++rb) {
         uint8_t* box = st + (2 * rb + c) * SH::kBoxBytes;
         uint4 o1[4], o2[4];
         // Backward: the box whose z replaces this one's, row by row (its row i at zrow + 16i).
-        const bool znext = rb == 0 || next < sched.num_units();
+        const bool znext = rb == 0 || next >= 0;
         const Unit zun = rb == 0 || !znext ? un : sched.unit(next);
         const int zrow = 128 * zun.tm + 64 * (rb ^ 1) + r0, zcol = 128 * zun.tn + 64 * c + 8 * ch;
 #pragma unroll
@@ -644,21 +657,20 @@ struct ActWarpgroup {
           tma_store_commit();
         }
       }
+      u = next;
     }
     if (threadIdx.x % 128 == 0) tma_store_wait_all();
   }
 
-  // Tile j's (unit u's) buffers go back once its stores have read them. Called when tile
-  // j + 1 has been staged: the stores had the wait for it to drain, and the consumer needs
-  // the buffer only for tile j + 2.
-  __device__ void release(int c, const ActShared<kBackward, kGlu>& sh, int j, int u,
-                          const TileScheduler& sched) const {
+  // Tile j's buffers go back once its stores have read them. Called when tile j + 1 has been
+  // staged: the stores had the wait for it to drain, and the consumer needs the buffer only
+  // for tile j + 2, if there is one (more: tile j + 2 exists).
+  __device__ void release(int c, int j, bool more) const {
     using SH = ActShared<kBackward, kGlu>;
     const int b = j & 1;
     if (threadIdx.x % 128 == 0) tma_store_wait_read<0>();
     named_barrier_sync(SH::act_barrier(c), 128);
-    if (u + 2 * static_cast<int>(gridDim.x) < sched.num_units())  // the consumer stages j + 2 there
-      named_barrier_arrive(SH::empty_barrier(b), SH::kHandoff);
+    if (more) named_barrier_arrive(SH::empty_barrier(b), SH::kHandoff);  // staging j + 2 there
   }
 };
 

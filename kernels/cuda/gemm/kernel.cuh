@@ -153,35 +153,51 @@ __global__ void __launch_bounds__(384, 1)
 // Note [Activation warpgroup]'s kernel: 128×128 tiles, one consumer warpgroup, A K-major (x
 // or dz2), B K-major in the forward (W1 as [h, d]) and MN-major in the backward (W2 as
 // [d, h]). tc: z or dz; tc2: hd; tz: the saved z (backward).
+// The units come in Note [Dynamic unit order]: the producer thread takes them from `units`.
 template <class T, int STAGES, Activation A, bool kBackward, bool kGlu>
 __global__ void __launch_bounds__(512, 1)
     gemm_act_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
-                    TileScheduler sched, ActWarpgroup<T, A, kBackward, kGlu> act) {
+                    TileScheduler sched, UnitCounter units,
+                    ActWarpgroup<T, A, kBackward, kGlu> act) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward>;
   using SH = ActShared<kBackward, kGlu>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, SH::kBytes);
   const SH sh = SH::carve(ml.scratch);
+  const auto ring = sh.ring();
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&ta);
     prefetch_tensor_map(&tb);
+    ring.init();
     ml.init_barriers();  // ends with fence_barrier_init
   }
   __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<40>();
-    if (threadIdx.x == 0) ml.produce(&ta, &tb, sched, kGlu && !kBackward ? act.n : 0);
+    if (threadIdx.x == 0) {
+      int stage = 0;
+      uint32_t phase = 0;
+      // Each unit is taken one ahead of its loads, so the activation warpgroups can see the
+      // tile after the next one when they start a tile (the backward's z goes into L2 then).
+      int u = ring.take(units, 0, sched.num_units());
+      for (int k = 0; u >= 0; ++k) {
+        const int after = ring.take(units, k + 1, sched.num_units());
+        ml.produce_unit(&ta, &tb, sched.unit(u), stage, phase, kGlu && !kBackward ? act.n : 0);
+        u = after;
+      }
+    }
   } else if (wg == 1) {
     regs_alloc<232>();
     const int wg_thread = threadIdx.x % 128;
     int stage = 0;
     uint32_t phase = 0;
     float acc0[64], acc1[64];
-    int j = 0;
-    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+    for (int j = 0;; ++j) {
+      const int u = ring.at(j);
+      if (u < 0) break;
       const Unit un = sched.unit(u);
       ml.consume_tile(acc0, acc1, un.kbs, stage, phase);
       const int b = j & 1;
@@ -197,6 +213,11 @@ __global__ void __launch_bounds__(512, 1)
   }
 #endif
 }
+
+// Note [Dynamic unit order]'s counter pair of `dev` (zeros between launches), allocated at
+// its first use, which must not be under stream capture (the trainer's first step runs
+// uncaptured); sm90_gemm_act.cu.
+UnitCounter unit_counter(int dev);
 
 // A row-major [rows, cols] operand as boxes of box_rows rows × 64 columns (tensor_map.h).
 inline CUtensorMap tensor_map(const Tensor& t, int box_rows) {
@@ -304,6 +325,7 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
                             (k + 63) / 64, 1};
   auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu>;
   const int smem = ML::smem_bytes(ActShared<kBackward, kGlu>::kBytes);
+  const UnitCounter units = unit_counter(dev);
   static std::once_flag once[8];
   std::call_once(once[dev % 8], [&] {
     FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -316,7 +338,7 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
     act.hd = static_cast<T*>(hd.data_ptr());
     if constexpr (kGlu) act.dz = static_cast<T*>(out.data_ptr());
   }
-  kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, sched, act);
+  kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, sched, units, act);
   FFN_CHECK_CUDA(cudaGetLastError());
 }
 

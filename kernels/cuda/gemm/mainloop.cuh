@@ -104,23 +104,26 @@ struct Mainloop {
                           int glu_h = 0) const {
     int stage = 0;
     uint32_t phase = 0;
-    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x) {
-      const Unit w = sched.unit(u);
-      for (int kb = w.kb0; kb < w.kb0 + w.kbs; ++kb) {
-        mbar_wait(&empty[stage], phase ^ 1);
-        mbar_arrive_expect_tx(&full[stage], kStageBytes);
-        load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, w.tm * BM);
-        if constexpr (!B_MN && BN == 128) {
-          if (glu_h > 0) {
-            tma_load_2d(b_tile(stage), tb, &full[stage], kb * BK, w.tn * 64);
-            tma_load_2d(b_tile(stage) + 64 * BK * 2, tb, &full[stage], kb * BK, glu_h + w.tn * 64);
-            if (++stage == kStages) stage = 0, phase ^= 1;
-            continue;
-          }
+    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x)
+      produce_unit(ta, tb, sched.unit(u), stage, phase, glu_h);
+  }
+  // Unit w's k-blocks, from ring position (stage, phase) on.
+  __device__ void produce_unit(const CUtensorMap* ta, const CUtensorMap* tb, const Unit& w,
+                               int& stage, uint32_t& phase, int glu_h = 0) const {
+    for (int kb = w.kb0; kb < w.kb0 + w.kbs; ++kb) {
+      mbar_wait(&empty[stage], phase ^ 1);
+      mbar_arrive_expect_tx(&full[stage], kStageBytes);
+      load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, w.tm * BM);
+      if constexpr (!B_MN && BN == 128) {
+        if (glu_h > 0) {
+          tma_load_2d(b_tile(stage), tb, &full[stage], kb * BK, w.tn * 64);
+          tma_load_2d(b_tile(stage) + 64 * BK * 2, tb, &full[stage], kb * BK, glu_h + w.tn * 64);
+          if (++stage == kStages) stage = 0, phase ^= 1;
+          continue;
         }
-        load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, w.tn * BN);
-        if (++stage == kStages) stage = 0, phase ^= 1;
       }
+      load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, w.tn * BN);
+      if (++stage == kStages) stage = 0, phase ^= 1;
     }
   }
 

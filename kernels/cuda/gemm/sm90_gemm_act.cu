@@ -6,7 +6,28 @@
 #include "kernels/cuda/gemm/kernel.cuh"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 
+#include <map>
+#include <mutex>
+
 namespace ffn::cuda {
+
+namespace gemm {
+
+UnitCounter unit_counter(int dev) {
+  static std::mutex mu;
+  static std::map<int, int*> counters;
+  std::lock_guard<std::mutex> lock(mu);
+  int*& c = counters[dev];
+  if (!c) {
+    check_not_capturing(dev, "the Hopper GEMM's first launch (it allocates its unit counter)");
+    DeviceGuard guard(dev);
+    FFN_CHECK_CUDA(cudaMalloc(&c, 2 * sizeof(int)));
+    FFN_CHECK_CUDA(cudaMemsetAsync(c, 0, 2 * sizeof(int), stream(dev)));
+  }
+  return {c, c + 1};
+}
+
+}  // namespace gemm
 
 namespace {
 

@@ -3,10 +3,14 @@
 // a tile's K range. Tiles are numbered in groups of kGroupM tile-rows, column by column
 // inside a group, so the CTAs running at one time share A rows and B columns in L2; units
 // run split by split (all tiles' split 0 first). CTA b takes units b, b + gridDim.x, ...
-// Producer and consumers of a CTA walk the same sequence.
+// Producer and consumers of a CTA walk the same sequence. UnitRing is the dynamic order
+// instead (Note [Dynamic unit order]): CTAs take the next unit from a counter in global
+// memory and hand it to their warps through shared memory.
 #pragma once
 
 #include <cstdint>
+
+#include "kernels/cuda/gemm/sm90.cuh"
 
 namespace ffn::cuda::gemm {
 
@@ -52,6 +56,102 @@ struct TileScheduler {
     w.kb0 = static_cast<int>(static_cast<int64_t>(w.split) * k_blocks / splits);
     w.kbs = static_cast<int>(static_cast<int64_t>(w.split + 1) * k_blocks / splits) - w.kb0;
     return w;
+  }
+};
+
+// Note [Dynamic unit order]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A persistent kernel whose CTAs stride statically (b, b + gridDim.x, ...) ends with its
+// slowest CTA, and a CTA that starts late does its whole share late. That happens under data
+// parallelism: NCCL's all-reduce kernels run beside backward, and an SM that holds one of
+// their CTAs cannot also hold one of ours (a CTA here takes the SM's whole register file),
+// so some of our CTAs wait for the collective to end, about 0.25 ms, and then start their
+// full share while the other SMs idle (gpt2_small on 2 H100s, session 26: forward+backward
+// 1.0 ms longer than on one GPU, 0.5 ms with fc1's activation off the persistent GEMM, and
+// as long as one GPU's with the all-reduce moved after backward). Here the producer thread
+// of each CTA takes its next unit from a counter in global memory (atomicAdd), one unit ahead
+// of the one it loads, and passes it to the CTA's other warps through a ring of kSlots
+// entries in shared memory; a CTA that starts late takes fewer units. The units are still
+// TileScheduler's, taken in increasing order by the CTAs together, so neighbours in L2 run
+// together as before, and every output tile and db partial is computed by one CTA from the
+// same inputs in the same order whichever CTA it is: the results are bit-identical to the
+// static order's. Measured (2 H100s, gpt2_small, session 26, separate calls on fresh
+// machines): forward+backward on 2 GPUs 1.0 ms over one GPU's with the static order
+// (32.08 ms), 0.42 ms over with this one in fc1's activation GEMMs (31.37), 2 GPUs ×1.871 ->
+// ×1.905 one GPU's tokens/s; the single-GPU kernel times stayed within run-to-run noise.
+// The Hopper attention kernels still stride statically (the rest of the 0.42 ms).
+// compute-sanitizer: synccheck is clean; racecheck reports the reader lanes' loads of an entry
+// against the producer's store of the slot's next entry. Those loads are ordered before it by
+// __syncwarp and lane 0's arrive (a release for the warp in the PTX memory model), which
+// racecheck does not follow; each reader thread arriving itself (empty count kReaders·32),
+// the form it follows, has not run on a GPU yet (bench/RESULTS.md session 26).
+//   full[s]   count 1: the producer's arrive after writing entry k into slot k % kSlots;
+//   empty[s]  count kReaders warps: each reader warp's lane 0 once the warp has read the
+//             entry into registers (the producer reuses the slot for entry k + kSlots).
+// After the last unit the producer writes -1 (no more) and stops; readers stop at it, so they
+// may read entry k + 1 only after entry k was a unit. The counter pair (UnitCounter: the next
+// ticket, the CTAs done) is reset by the last CTA to finish, so every launch starts from zero
+// without a memset; launches sharing a pair must run one at a time, which they do on the one
+// compute stream (Note [One compute stream]).
+struct UnitCounter {
+  int* next;  // the next unit to hand out
+  int* done;  // CTAs whose producer has taken its last ticket
+};
+
+template <int kReaders>
+struct UnitRing {
+  static constexpr int kSlots = 8;
+  static constexpr int kBytes = kSlots * (4 + 2 * 8);
+  int* units;
+  uint64_t* full;
+  uint64_t* empty;
+
+  // p: kBytes of shared memory, 8-byte aligned.
+  __device__ static UnitRing carve(uint8_t* p) {
+    UnitRing r;
+    r.full = reinterpret_cast<uint64_t*>(p);
+    r.empty = r.full + kSlots;
+    r.units = reinterpret_cast<int*>(r.empty + kSlots);
+    return r;
+  }
+  // One thread, before the kernel's fence_barrier_init and __syncthreads.
+  __device__ void init() const {
+    for (int s = 0; s < kSlots; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], kReaders);
+    }
+  }
+  // The producer thread: entry k (the k-th unit of this CTA, or -1 once there is none).
+  __device__ int take(const UnitCounter& c, int k, int num_units) const {
+    const int s = k % kSlots;
+    if (k >= kSlots) mbar_wait(&empty[s], ((k / kSlots) & 1) ^ 1);
+    const int t = atomicAdd(c.next, 1);
+    const int u = t < num_units ? t : -1;
+    units[s] = u;
+    mbar_arrive(&full[s]);  // release: the entry is visible to whoever waits on it
+    if (u < 0) {
+      __threadfence();
+      if (atomicAdd(c.done, 1) == static_cast<int>(gridDim.x) - 1) {  // every ticket is taken
+        atomicExch(c.next, 0);
+        atomicExch(c.done, 0);
+      }
+    }
+    return u;
+  }
+  // A reader warp (all its lanes): entry k, waiting for it; the warp is then done with the
+  // slot. Every reader warp takes every entry once, in order, up to the first -1 (k - 1
+  // must have been a unit).
+  __device__ int at(int k) const {
+    mbar_wait(&full[k % kSlots], (k / kSlots) & 1);
+    const int u = units[k % kSlots];
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(&empty[k % kSlots]);
+    return u;
+  }
+  // Entry k if the producer has written it already, else -2 (not known yet), without
+  // waiting; at(k) still takes it later. k - 1 must have been a unit.
+  __device__ int peek(int k) const {
+    return mbar_test(&full[k % kSlots], (k / kSlots) & 1) ? units[k % kSlots] : -2;
   }
 };
 
