@@ -29,14 +29,14 @@ GradSync::GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm,
     bytes += static_cast<int64_t>(w.nbytes());
     index_[params_[k].second.impl()] = k;
   }
-  for (size_t bi = 0; bi < buckets_.size() && flat_; ++bi) {
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     int64_t off = 0;
     for (size_t k : buckets_[bi].params) {
       where_[k].second = off;
       off += params_[k].second.value().numel();
     }
     if (shard_) off = (off + comm_.world() - 1) / comm_.world() * comm_.world();
-    buckets_[bi].flat = Tensor::zeros({off}, first.dtype(), first.device());
+    if (flat_) buckets_[bi].flat = Tensor::zeros({off}, first.dtype(), first.device());
   }
 }
 
