@@ -106,9 +106,9 @@ struct ActShared {
   // backward) or a value and a gate half (the GLU's).
   static constexpr int kHalves = kGlu ? 2 : 1;
   static constexpr int kRedBytes = kBackward ? 2 * kHalves * 3 * 64 * 4 : 0;
-  // Note [Dynamic unit order]: the ring's readers are the consumer's 4 warps and the
-  // activation warpgroups' 8.
-  using Ring = UnitRing<12>;
+  // Note [Dynamic unit order]: the ring's readers are the consumer's 128 threads and the
+  // activation warpgroups' 256.
+  using Ring = UnitRing<384>;
   static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes + Ring::kBytes;
   static constexpr int kHandoff = 384;  // the consumer's and both activation warpgroups' threads
 

@@ -79,15 +79,20 @@ struct TileScheduler {
 // machines): forward+backward on 2 GPUs 1.0 ms over one GPU's with the static order
 // (32.08 ms), 0.42 ms over with this one in fc1's activation GEMMs (31.37), 2 GPUs ×1.871 ->
 // ×1.905 one GPU's tokens/s; the single-GPU kernel times stayed within run-to-run noise.
-// The Hopper attention kernels still stride statically (the rest of the 0.42 ms).
-// compute-sanitizer: synccheck is clean; racecheck reports the reader lanes' loads of an entry
-// against the producer's store of the slot's next entry. Those loads are ordered before it by
-// __syncwarp and lane 0's arrive (a release for the warp in the PTX memory model), which
-// racecheck does not follow; each reader thread arriving itself (empty count kReaders·32),
-// the form it follows, has not run on a GPU yet (bench/RESULTS.md session 26).
+// The Hopper attention kernels stride statically: this ring there (session 27) left the 2-GPU
+// step as it was (forward+backward 31.93 and 31.99 ms against 31.99 and 31.97 with the static
+// order fed through the same ring, alternated in one call) and made the forward ~7% slower at
+// gpt2_small's shape on one GPU, so it was not kept.
+// The readers are threads: each reads the entry into a register and arrives on the slot's
+// empty barrier itself, so the thread that read the slot is the one that releases it.
+// (Session 26 had every lane read and lane 0 arrive for its warp after __syncwarp, which the
+// PTX memory model orders but compute-sanitizer's racecheck does not follow: it reported the
+// lanes' loads against the producer's next store into the slot. Lane 0 reading and passing
+// the entry on by shuffle, also clean, changed the backward kernels' register allocation and
+// measured slower on the bf16 gelu_erf backward: bench/RESULTS.md session 27.)
 //   full[s]   count 1: the producer's arrive after writing entry k into slot k % kSlots;
-//   empty[s]  count kReaders warps: each reader warp's lane 0 once the warp has read the
-//             entry into registers (the producer reuses the slot for entry k + kSlots).
+//   empty[s]  count kReaders threads: each reader's arrive once it has read the entry (the
+//             producer reuses the slot for entry k + kSlots).
 // After the last unit the producer writes -1 (no more) and stops; readers stop at it, so they
 // may read entry k + 1 only after entry k was a unit. The counter pair (UnitCounter: the next
 // ticket, the CTAs done) is reset by the last CTA to finish, so every launch starts from zero
@@ -98,7 +103,7 @@ struct UnitCounter {
   int* done;  // CTAs whose producer has taken its last ticket
 };
 
-template <int kReaders>
+template <int kReaders>  // reader threads
 struct UnitRing {
   static constexpr int kSlots = 8;
   static constexpr int kBytes = kSlots * (4 + 2 * 8);
@@ -138,14 +143,13 @@ struct UnitRing {
     }
     return u;
   }
-  // A reader warp (all its lanes): entry k, waiting for it; the warp is then done with the
-  // slot. Every reader warp takes every entry once, in order, up to the first -1 (k - 1
-  // must have been a unit).
+  // A reader thread: entry k, waiting for it; the thread is then done with the slot. Every
+  // reader takes every entry once, in order, up to the first -1 (k - 1 must have been a
+  // unit).
   __device__ int at(int k) const {
     mbar_wait(&full[k % kSlots], (k / kSlots) & 1);
     const int u = units[k % kSlots];
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) mbar_arrive(&empty[k % kSlots]);
+    mbar_arrive(&empty[k % kSlots]);
     return u;
   }
   // Entry k if the producer has written it already, else -2 (not known yet), without
