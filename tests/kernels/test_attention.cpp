@@ -409,11 +409,12 @@ FFN_GPU_TEST("fused attention backward rotates dq and dk back in its stores (bot
 // partial sums into a query tile after the blocks before it. At sizes where CTAs take several
 // units and wait on each other (many heads: units beyond the grid; few heads and long T: a
 // chain of key blocks per tile), dq must be the same bits on every run and agree with the
-// mma.sync kernels.
+// mma.sync kernels. gpt2_small's shape (16 × 12 heads × 8 blocks: about 12 units a CTA on
+// 132 SMs) wraps Note [Unit order]'s ring of 8 entries; its forward is checked too.
 FFN_GPU_TEST("Hopper attention backward sums dq across key blocks in a fixed order") {
   Generator g(57);
   for (auto [b, t, h] : {std::tuple<int64_t, int64_t, int64_t>{4, 1024, 12}, {1, 2048, 2},
-                         {2, 1000, 3}})
+                         {2, 1000, 3}, {16, 1024, 12}})
     for (float p : {0.0f, 0.1f}) {
       const int64_t c = h * 64;
       const Tensor qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
@@ -428,6 +429,16 @@ FFN_GPU_TEST("Hopper attention backward sums dq across key blocks in a fixed ord
       Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
       Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
       cuda::fused_attention(qkv, h, 0.125, d, y, lse, cuda::AttentionKernel::sm90);
+      {
+        Tensor y2 = Tensor::empty({b, t, c}, DType::bf16, kGpu), ym = y2.clone();
+        Tensor lse2 = Tensor::empty({b * h, t}, DType::f32, kGpu), lsem = lse2.clone();
+        cuda::fused_attention(qkv, h, 0.125, d, y2, lse2, cuda::AttentionKernel::sm90);
+        cuda::fused_attention(qkv, h, 0.125, d, ym, lsem, cuda::AttentionKernel::mma_sync);
+        const Tensor a = y.to(Device::cpu()).to(DType::f64), m = ym.to(Device::cpu()).to(DType::f64);
+        CHECK_MESSAGE(max_abs_diff(a, y2.to(Device::cpu()).to(DType::f64)) == 0.0,
+                      "forward: two runs, the same bits");
+        CHECK(max_abs_diff(a, m) <= 0.02 * max_abs(m) + 1e-3);
+      }
       std::vector<Tensor> runs;
       for (int r = 0; r < 3; ++r) {
         Tensor dqkv = Tensor::full(qkv.shape(), NAN, DType::bf16, kGpu);
