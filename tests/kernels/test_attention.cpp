@@ -409,8 +409,8 @@ FFN_GPU_TEST("fused attention backward rotates dq and dk back in its stores (bot
 // partial sums into a query tile after the blocks before it. At sizes where CTAs take several
 // units and wait on each other (many heads: units beyond the grid; few heads and long T: a
 // chain of key blocks per tile), dq must be the same bits on every run and agree with the
-// mma.sync kernels. gpt2_small's shape (16 × 12 heads × 8 blocks: about 12 units a CTA on
-// 132 SMs) wraps Note [Unit order]'s ring of 8 entries; its forward is checked too.
+// mma.sync kernels; so must the forward's output. The last shape is gpt2_small's (16 × 12
+// heads × 8 blocks: about 12 units a CTA on 132 SMs).
 FFN_GPU_TEST("Hopper attention backward sums dq across key blocks in a fixed order") {
   Generator g(57);
   for (auto [b, t, h] : {std::tuple<int64_t, int64_t, int64_t>{4, 1024, 12}, {1, 2048, 2},
@@ -434,7 +434,8 @@ FFN_GPU_TEST("Hopper attention backward sums dq across key blocks in a fixed ord
         Tensor lse2 = Tensor::empty({b * h, t}, DType::f32, kGpu), lsem = lse2.clone();
         cuda::fused_attention(qkv, h, 0.125, d, y2, lse2, cuda::AttentionKernel::sm90);
         cuda::fused_attention(qkv, h, 0.125, d, ym, lsem, cuda::AttentionKernel::mma_sync);
-        const Tensor a = y.to(Device::cpu()).to(DType::f64), m = ym.to(Device::cpu()).to(DType::f64);
+        const Tensor a = y.to(Device::cpu()).to(DType::f64);
+        const Tensor m = ym.to(Device::cpu()).to(DType::f64);
         CHECK_MESSAGE(max_abs_diff(a, y2.to(Device::cpu()).to(DType::f64)) == 0.0,
                       "forward: two runs, the same bits");
         CHECK(max_abs_diff(a, m) <= 0.02 * max_abs(m) + 1e-3);
