@@ -250,10 +250,11 @@ void Trainer::eager_step(double lr) {
   ++s.cursor;
   if (s.sync) {
     if (s.profiling) s.comm->profile_point("backward");
-    s.sync->finish();  // averaged gradients on every rank
+    // Averaged gradients on every rank; finish() also puts the compute stream behind the
+    // communicator's, so the update reads the averaged loss too (queued there before them).
+    s.sync->finish();
     s.buckets_total += s.sync->last().buckets;
     s.buckets_overlapped += s.sync->last().launched_in_backward;
-    s.comm->wait();  // the update reads the averaged loss and gradients
     if (s.zero) {  // Note [ZeRO-1]: the slices' gradients are this rank's chunks
       for (auto& [n, p] : s.params) p.zero_grad();
       s.zero->bind_grads();
