@@ -235,6 +235,18 @@ Tensor Trainer::forward_backward(const std::function<std::pair<Tensor, Tensor>(i
   return lt;
 }
 
+// Data parallel, after the backward is queued: averaged gradients on every rank. finish()
+// also puts the compute stream behind the communicator's, so the update reads the averaged
+// loss too (queued there before them).
+void Trainer::sync_gradients() {
+  State& s = *s_;
+  s.sync->finish();
+  if (s.zero) {  // Note [ZeRO-1]: the slices' gradients are this rank's chunks
+    for (auto& [n, p] : s.params) p.zero_grad();
+    s.zero->bind_grads();
+  }
+}
+
 // One step's forward, backward (micro-batch by micro-batch), gradient sync and update, each
 // kernel launched as it comes; the previous step is finished before the update is queued.
 void Trainer::eager_step(double lr) {
@@ -250,15 +262,9 @@ void Trainer::eager_step(double lr) {
   ++s.cursor;
   if (s.sync) {
     if (s.profiling) s.comm->profile_point("backward");
-    // Averaged gradients on every rank; finish() also puts the compute stream behind the
-    // communicator's, so the update reads the averaged loss too (queued there before them).
-    s.sync->finish();
+    sync_gradients();
     s.buckets_total += s.sync->last().buckets;
     s.buckets_overlapped += s.sync->last().launched_in_backward;
-    if (s.zero) {  // Note [ZeRO-1]: the slices' gradients are this rank's chunks
-      for (auto& [n, p] : s.params) p.zero_grad();
-      s.zero->bind_grads();
-    }
     if (s.profiling) s.comm->profile_point("synced");
   }
   if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
@@ -286,7 +292,10 @@ void write_u64(Tensor& t, uint64_t v) {
 // then on. The capture draws the step's dropout offsets from the generator as an uncaptured
 // step would, with the shift's address in every spec; replay n of a step that draws D
 // offsets runs with shift n·D, so its masks are the ones the uncaptured step n would draw,
-// and the generator is advanced by D as that step would have advanced it.
+// and the generator is advanced by D as that step would have advanced it. Under data
+// parallelism the collectives are part of the graph (Note [Captured collectives]): each
+// replay counts as one enqueued collective, which step() polls once the next replay is
+// queued (Note [Deferred collective check]).
 void Trainer::replay_step(double lr) {
   State& s = *s_;
   const Config& c = s.cfg;
@@ -312,10 +321,17 @@ void Trainer::replay_step(double lr) {
     s.rng->set_offset_shift(static_cast<const uint64_t*>(s.graph_shift.data_ptr()));
     try {
       g->capture(s.dev, [this, &s] {
+        if (s.comm) s.comm->begin_capture();
         const Tensor lt = forward_backward(
             [&s](int64_t j) { return std::make_pair(s.graph_x[j], s.graph_y[j]); });
+        if (s.sync) {
+          sync_gradients();
+          s.graph_sync = s.sync->last();
+        }
         s.optim->queue(lt, s.scaler->scale());
+        if (s.zero) s.zero->gather_params();  // Note [ZeRO-1]: all-gathered during the update
         s.optim->zero_grad();
+        if (s.comm) s.comm->end_capture();  // joins the communicator's stream
       });
     } catch (...) {
       s.rng->set_offset_shift(nullptr);
@@ -331,6 +347,13 @@ void Trainer::replay_step(double lr) {
   }
   s.graph->launch();
   ++s.graph_steps;
+  if (s.comm) {
+    s.comm->replayed("the captured step's " + std::to_string(s.comm->captured()) +
+                     " collectives");
+    s.comm_mark = s.comm->enqueued();
+    s.buckets_total += s.graph_sync.buckets;
+    s.buckets_overlapped += s.graph_sync.launched_in_backward;
+  }
 }
 
 // Queues one step's forward, backward and optimizer update; finishes it at once or after
@@ -342,8 +365,12 @@ void Trainer::step(int64_t it) {
                           s.decay_iters);
   // The previous step's collectives (Note [Deferred collective check]): its update is
   // queued behind them, so the GPU stays busy while the host polls, and nothing below
-  // (the batch upload waits for the compute stream) can block on a lost peer.
-  if (s.comm) s.comm->sync_through(s.comm_mark);
+  // (the batch upload waits for the compute stream) can block on a lost peer. A replayed
+  // step's mark is the end of its replay (Note [Captured collectives]): polled after the
+  // next replay is queued, below, so the GPU is not left idle meanwhile.
+  const bool replay = s.graph_off.empty() && it > s.start_iter;
+  const int64_t prev_mark = s.comm_mark;
+  if (s.comm && !(replay && s.graph)) s.comm->sync_through(prev_mark);
   if (s.comm) s.comm->set_step(it + 1);
   // Note [GEMM choices]: every rank timed its own GEMM candidates in the first step; from
   // the second on all use rank 0's, the choices its checkpoints hold, so a resumed run
@@ -356,8 +383,9 @@ void Trainer::step(int64_t it) {
   if (s.profiling) s.comm->profile_point("step");
   // Note [CUDA graph step]: from the process's second step on (the first times the GEMM
   // choices and makes what the layers create once), where the run allows it.
-  if (s.graph_off.empty() && it > s.start_iter) {
-    replay_step(lr);
+  if (replay) {
+    replay_step(lr);  // queues the inputs' uploads and the replay, neither waits on the GPU
+    if (s.comm) s.comm->sync_through(prev_mark);
     if (s.pending) finish_step(s.pending->first, s.pending->second), s.pending.reset();
     s.optim->start_report();
   } else {

@@ -89,6 +89,7 @@ class Trainer {
   void announce() const;
   void step(int64_t it);
   Tensor forward_backward(const std::function<std::pair<Tensor, Tensor>(int64_t)>& batch);
+  void sync_gradients();
   void eager_step(double lr);
   void replay_step(double lr);
   void finish_step(int64_t done, double lr);

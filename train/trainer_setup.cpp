@@ -254,21 +254,22 @@ void Trainer::build() {
     s.optim = std::make_unique<AdamW>(s.params, ao);
   }
   s.scaler = std::make_unique<LossScaler>(s.dt == DType::f16);
-  // Note [CUDA graph step]: what keeps a GPU run's step from being captured, if anything.
-  if (!s.dev.is_cuda())
-    s.graph_off = "not a GPU run";
-  else if (!c.runtime.cuda_graph)
-    s.graph_off = "runtime.cuda_graph = false";
-  else if (s.world > 1)
-    s.graph_off = "data parallelism (NCCL's collectives are not captured)";
-  else if (s.scaler->enabled())
-    s.graph_off = "fp16 loss scaling (the scale changes between steps)";
   if (s.opt.profile_comm && s.sync) {
     s.profiling = true;
     s.comm->profile_start();
   } else if (s.opt.profile_comm && s.lead) {
     std::printf("--profile-comm: a single process has no communication to profile\n");
   }
+  // Note [CUDA graph step]: what keeps a GPU run's step from being captured, if anything.
+  // A data-parallel step is captured with its collectives (Note [Captured collectives]).
+  if (!s.dev.is_cuda())
+    s.graph_off = "not a GPU run";
+  else if (!c.runtime.cuda_graph)
+    s.graph_off = "runtime.cuda_graph = false";
+  else if (s.profiling)
+    s.graph_off = "--profile-comm (its timing events are not replayed)";
+  else if (s.scaler->enabled())
+    s.graph_off = "fp16 loss scaling (the scale changes between steps)";
   if (c.train.grad_accum_steps > 1)
     for (size_t k = 0; k < s.params.size(); ++k) {
       const Var& v = s.params[k].second;

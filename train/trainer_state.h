@@ -82,6 +82,7 @@ struct Trainer::State {
   std::vector<Tensor> graph_x, graph_y;  // one per micro-batch
   Tensor graph_shift;
   uint64_t graph_offset = 0, graph_draws = 0;
+  SyncStats graph_sync;  // the captured step's buckets (Note [Captured collectives])
   std::unique_ptr<StepGraph> graph;
   int64_t graph_steps = 0;
 };

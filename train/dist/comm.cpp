@@ -289,6 +289,18 @@ class NcclComm final : public Comm {
       if (failure.empty() && age > opt_.timeout_s)
         failure = "it did not finish within " + std::to_string(static_cast<int>(opt_.timeout_s)) +
                   " s (a peer died or hangs)";
+      if (!failure.empty() && p.replay) {
+        // Note [Captured collectives]: a graph's collectives do not return when the
+        // communicator is aborted, and everything after (the abort itself, the frees of
+        // unwinding) would wait for them; so, as the watchdog does, say why and end here.
+        std::fprintf(stderr,
+                     "ffn-train: error: [nccl] rank %d: collective '%s' of step %lld: %s; "
+                     "exiting without unwinding (a CUDA graph's collectives cannot be "
+                     "aborted; Note [Captured collectives])\n",
+                     rank_, p.what.c_str(), static_cast<long long>(p.step), failure.c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
       if (!failure.empty()) {
         aborted_ = true;
         ncclCommAbort(comm_);
@@ -299,6 +311,31 @@ class NcclComm final : public Comm {
     }
     report_progress();
   }
+
+  // Note [Captured collectives].
+  void begin_capture() override {
+    FFN_CHECK(!profiling_, "[nccl] a step with --profile-comm's timed collectives cannot be "
+              "captured into a CUDA graph");
+    capturing_ = true;
+    captured_ = 0;
+  }
+  void end_capture() override {
+    if (!capturing_) return;
+    capturing_ = false;
+    if (captured_ > 0) wait();  // else the communicator's stream never joined the capture
+  }
+  void replayed(const std::string& what) override {
+    if (captured_ == 0) return;
+    FFN_CHECK(!aborted_, "[nccl] the communicator was aborted after an earlier collective failed");
+    cuda::DeviceGuard guard(device_);
+    cudaEvent_t done;
+    FFN_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    FFN_CHECK_CUDA(cudaEventRecord(done, cuda::stream(device_)));
+    pending_.push_back({done, std::chrono::steady_clock::now(), what, step_, true});
+    ++enqueued_;
+    report_progress();
+  }
+  int64_t captured() const override { return captured_; }
 
   void profile_start() override {
     cuda::DeviceGuard guard(device_);
@@ -343,6 +380,7 @@ class NcclComm final : public Comm {
     std::chrono::steady_clock::time_point start;
     std::string what;
     int64_t step;
+    bool replay = false;  // a replayed CUDA graph's collectives (Note [Captured collectives])
   };
   struct Timed {  // --profile-comm (Note [Communication profile])
     int64_t step;
@@ -369,6 +407,16 @@ class NcclComm final : public Comm {
   void enqueue(const std::string& what, int64_t bytes, const F& call) {
     FFN_CHECK(!aborted_, "[nccl] the communicator was aborted after an earlier collective failed");
     cuda::DeviceGuard guard(device_);
+    if (capturing_) {  // Note [Captured collectives]: recorded into the graph, nothing to poll
+      cudaEvent_t ready;
+      FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+      FFN_CHECK_CUDA(cudaEventRecord(ready, cuda::stream(device_)));
+      FFN_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready, 0));
+      cudaEventDestroy(ready);
+      call();
+      ++captured_;
+      return;
+    }
     cudaEvent_t ready, done;
     FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, profiling_ ? 0 : cudaEventDisableTiming));
     FFN_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -409,6 +457,8 @@ class NcclComm final : public Comm {
   int64_t enqueued_ = 0;         // collectives enqueued since the start
   bool aborted_ = false;
   bool profiling_ = false;
+  bool capturing_ = false;   // Note [Captured collectives]
+  int64_t captured_ = 0;     // collectives the last capture recorded
   cudaEvent_t origin_ = nullptr;
   std::deque<Timed> timed_;  // profiled records not yet collected (oldest first)
   std::unique_ptr<Watchdog> watchdog_;  // Note [Collective watchdog]

@@ -20,7 +20,11 @@
 // start of step N+1: the GPU runs the update meanwhile. Nothing in between blocks on the
 // device, so a lost peer is still an error after the timeout; any later and the next batch's
 // upload (which waits for the compute stream, which waits for the collectives) could block
-// the host on a collective that never ends. One NCCL communicator only: aborting one of two
+// the host on a collective that never ends. A step replayed from a CUDA graph is polled as a
+// whole, once the next replay is queued (Note [Captured collectives]): the launch and the
+// inputs' uploads do not wait on it (core/cuda/copy.cu's eight staging slots: with up to
+// eight uploads a step, 2·accumulation + 1, a slot's last DMA was queued before an earlier
+// replay, which the trainer has already seen finish; with more, the watchdog catches it). One NCCL communicator only: aborting one of two
 // frees memory, which waits for the other's stuck kernels (a hang on 2× H200, session 9).
 #pragma once
 
@@ -74,6 +78,36 @@ class Comm {
     wait();
   }
   virtual int64_t enqueued() const { return 0; }
+
+  // Note [Captured collectives]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A data-parallel step captured into a CUDA graph (Note [CUDA graph step]) holds its
+  // collectives: between begin_capture() and end_capture() (both inside the capture's body,
+  // on the capturing thread) each collective is recorded into the graph, not run, so it
+  // leaves nothing to poll; end_capture() joins the communicator's stream back into the
+  // capture (the compute stream waits for it, which a capture needs and the step needs
+  // anyway: its update reads the reduced gradients). After each replay is queued,
+  // replayed(what) counts the replay as one more enqueued collective whose completion is an
+  // event recorded behind it on the compute stream, so sync_through() polls a graphed step
+  // as it polls an uncaptured one's collectives. That event is the end of the whole replay,
+  // update included, so the trainer polls step N's after queuing replay N + 1 (Note
+  // [Deferred collective check]): the GPU has the next step while the host waits, and
+  // nothing the host does before that launch waits on the device.
+  // A lost peer is an error naming the collective and the step (Note [NCCL timeouts]), but
+  // where an uncaptured collective's failure aborts the communicator and throws, a replay's
+  // ends the process at once with that message and exit code 1, as the watchdog does (Note
+  // [Collective watchdog]): with the peer killed, the survivor's poll timed out and then the
+  // process hung in the abort or in the frees of unwinding (the graph's collectives did not
+  // return) until the watchdog ended it 40 s later (2× H100, session 28).
+  // Every rank captures and replays the same step, so the collectives stay in the same order
+  // on every rank (Note [Collective ordering]), also against the uncaptured ones (evals,
+  // stop requests) between replays. --profile-comm's events are not replayed: a profiled
+  // run is not captured.
+  virtual void begin_capture() {}
+  virtual void end_capture() {}
+  virtual void replayed(const std::string& what) { (void)what; }
+  // Collectives recorded by the last capture (0 where nothing was captured).
+  virtual int64_t captured() const { return 0; }
 
   // --profile-comm (Note [Communication profile], train/dist/comm_profile.h): from
   // profile_start() on, every collective is timed (when its input was ready on the compute
