@@ -407,21 +407,18 @@ class NcclComm final : public Comm {
   void enqueue(const std::string& what, int64_t bytes, const F& call) {
     FFN_CHECK(!aborted_, "[nccl] the communicator was aborted after an earlier collective failed");
     cuda::DeviceGuard guard(device_);
+    cudaEvent_t ready;
+    FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, profiling_ ? 0 : cudaEventDisableTiming));
+    FFN_CHECK_CUDA(cudaEventRecord(ready, cuda::stream(device_)));
+    FFN_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready, 0));
     if (capturing_) {  // Note [Captured collectives]: recorded into the graph, nothing to poll
-      cudaEvent_t ready;
-      FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-      FFN_CHECK_CUDA(cudaEventRecord(ready, cuda::stream(device_)));
-      FFN_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready, 0));
       cudaEventDestroy(ready);
       call();
       ++captured_;
       return;
     }
-    cudaEvent_t ready, done;
-    FFN_CHECK_CUDA(cudaEventCreateWithFlags(&ready, profiling_ ? 0 : cudaEventDisableTiming));
+    cudaEvent_t done;
     FFN_CHECK_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    FFN_CHECK_CUDA(cudaEventRecord(ready, cuda::stream(device_)));
-    FFN_CHECK_CUDA(cudaStreamWaitEvent(stream_, ready, 0));
     Timed t{step_, what, bytes, ready, nullptr, nullptr};
     if (profiling_) {
       t.start = timing_event();
