@@ -154,6 +154,7 @@ class Llama(nn.Module):
 
 
 ARCH = "gpt"  # --arch: which model make() builds
+PROFILE_TOP = 25  # --profile-top
 
 
 def load(path):
@@ -247,7 +248,7 @@ def gpu_profile(model, opt, train, gen, dev, it0, n, label):
     rows = [(e.key, e.device_time_total, e.count) for e in prof.key_averages() if e.device_time_total > 0]
     tot = sum(r[1] for r in rows)
     print(f"torch {label}: GPU kernel time {tot / n / 1e3:.2f} ms/iter over {n} iters", file=sys.stderr)
-    for k, t, c in sorted(rows, key=lambda r: -r[1])[:25]:
+    for k, t, c in sorted(rows, key=lambda r: -r[1])[:PROFILE_TOP]:
         print(f"  {t / tot * 100:5.1f}%  {t / n:8.1f} us/iter  x{c // n:<4} {k[:90]}", file=sys.stderr)
 
 
@@ -316,12 +317,13 @@ def main():
     ap.add_argument("--json", help="write every number here")
     ap.add_argument("--run-dir", default="runs/compare_torch_gpt")
     ap.add_argument("--profile", type=int, default=0, help="also print PyTorch's GPU kernel time over this many iters")
+    ap.add_argument("--profile-top", type=int, default=25, help="--profile: how many kernels to list (the most time first)")
     ap.add_argument("--repeat", type=int, default=1, help="alternating timing rounds (ours, eager, compile)")
     ap.add_argument("--seed", type=int, default=1337, help="--quality: the PyTorch run's seed (init, dropout, batches)")
     ap.add_argument("--quality-only", action="store_true", help="only the --quality run, no timing")
     a = ap.parse_args()
-    global ARCH
-    ARCH = a.arch
+    global ARCH, PROFILE_TOP
+    ARCH, PROFILE_TOP = a.arch, a.profile_top
     if not a.config:
         a.config = {"llama": "configs/llama_char.toml", "gpt2": "configs/gpt2_small.toml"}.get(
             a.arch, "configs/shakespeare_char.toml")

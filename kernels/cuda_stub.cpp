@@ -179,6 +179,7 @@ void sm90_attention_backward(const Tensor&, const Tensor&, const Tensor&, const 
                              float, const DropoutSpec&, Tensor&, double, Tensor*) {
   no_cuda("fused_attention_backward");
 }
+void sm90_attention_force_unit_group(int64_t) {}  // nothing runs them without CUDA
 
 void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&,
                 const Tensor&, const DropoutSpec&, Tensor*) {

@@ -14,8 +14,13 @@
 namespace ffn::cuda {
 
 // True when these kernels can run: bf16/f16 qkv on a GPU with sm_90a code in this build
-// (Note [sm_90a code]), head_dim 64, 16-byte aligned tensors, B > 0, 0 < T < 2^31.
+// (Note [sm_90a code]), head_dim 64, 16-byte aligned tensors, B > 0, 0 < T < 2^31 and fewer
+// than 2^31 units (B·heads·⌈T/128⌉).
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads);
+
+// Tests: the heads per unit group of both kernels (Note [Unit order], attention_sm90.cuh);
+// 0, the default, picks them from the shape, the grid and the GPU's L2 size.
+void sm90_attention_force_unit_group(int64_t heads);
 
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).
 void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,

@@ -37,9 +37,9 @@ constexpr int kBwdRows = 64;
 //   its copy is complete (release/acquire at GPU scope, proxy fences around the bulk copies).
 //   It stores it when the next tile arrives from its consumers, before waiting on any other
 //   CTA. No wait can deadlock: a unit waits only for units of a lower index (Units orders key
-//   blocks first), which run on CTAs that are resident (a persistent grid no larger than the
-//   SMs, one CTA an SM) and take their units in increasing index order (Note [Unit order]),
-//   so the unfinished unit of least index never waits.
+//   blocks first within a group of heads), which run on CTAs that are resident (a persistent
+//   grid no larger than the SMs, one CTA an SM) and take their units in increasing index
+//   order (Note [Unit order]), so the unfinished unit of least index never waits.
 // - dq_convert then reads each tile in the same fragment order, scales it, rotates it back
 //   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y), which dk/dv reads per
 //   query tile, comes from dsum_kernel first.
@@ -318,15 +318,15 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   extern __shared__ uint8_t smem_raw[];
   const BwdPipe p = BwdPipe::carve(smem_raw);
   const int qtiles = static_cast<int>((t + 63) / 64), count = static_cast<int>(units.count());
-  const int heads = static_cast<int>(units.bh_count);
   uint32_t gt = 0;
   int* pending = nullptr;  // the last tile's counter, set once its copy is complete
   int pending_value = 0;
   for (int k = 0;; ++k) {
     const int u = static_cast<int>(units.at(k, blockIdx.x, gridDim.x));
     if (u >= count) break;
-    const int kb = u / heads;                         // Units::rank
-    const int first = (u % heads) * qtiles + 2 * kb;  // Units::bh's first query tile
+    int bh, kb;
+    units.split32(u, bh, kb);
+    const int first = bh * qtiles + 2 * kb;  // the unit's first query tile
     float* dst = dqacc + static_cast<int64_t>(first) * kDqFloats;
     int* counter = counters + first;
     for (int it = 2 * kb; it < qtiles; ++it, ++gt, dst += kDqFloats, ++counter) {
@@ -364,8 +364,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Unit u: key block k0 of head bh (the first blocks, most query tiles, first) and its
   // query tiles from the diagonal on.
   auto unit = [&](int64_t u, int64_t& bh, int64_t& k0, int& nit) {
-    bh = units.bh(u);
-    k0 = 128LL * units.rank(u);
+    int b32, kb;
+    units.split32(static_cast<int>(u), b32, kb);
+    bh = b32;
+    k0 = 128LL * kb;
     nit = static_cast<int>((g.t - k0 + 63) / 64);
   };
   RingPos at;
@@ -483,8 +485,9 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const CUtensorMap q128 = rows_map(qkv, 128, op), q64 = rows_map(qkv, 64, op);
   const CUtensorMap dy64 = rows_map(dy, 64, op);
   Tensor dsum = Tensor::empty({b * heads, t}, DType::f32, qkv.device());
-  const Units units{b * heads, static_cast<int>((t + 127) / 128), /*alternate=*/false};
+  Units units{b * heads, static_cast<int>((t + 127) / 128), /*alternate=*/false, b * heads};
   const unsigned grid = persistent_grid(units, dev);
+  units.group = unit_group(units, grid, t, dev, !d.active());  // Note [Unit order]
   const float2* rope =
       rope_base > 0 ? static_cast<const float2*>(rope_table(dev, t, kD, rope_base).data_ptr())
                     : nullptr;

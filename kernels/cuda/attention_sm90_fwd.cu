@@ -147,8 +147,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const FwdPipe p = begin_cta<FwdPipe>(&qkv128);
   // Unit u: query block qt of head bh, the last blocks (most key tiles) first.
   auto unit = [&](int64_t u, int64_t& bh, int& qt) {
-    bh = units.bh(u);
-    qt = units.blocks - 1 - units.rank(u);
+    int b32;
+    units.split32(static_cast<int>(u), b32, qt);
+    bh = b32;
+    qt = units.blocks - 1 - qt;
   };
   RingPos at;
   run_units(
@@ -176,13 +178,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 }  // namespace attn90
 
+namespace attn90 {
+std::atomic<int64_t> forced_unit_group{0};
+}  // namespace attn90
+
+void sm90_attention_force_unit_group(int64_t heads) {
+  attn90::forced_unit_group = heads;
+}
+
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads) {
   if (!qkv.defined() || !qkv.is_cuda() || qkv.dim() != 3 || heads <= 0) return false;
   if (qkv.dtype() != DType::bf16 && qkv.dtype() != DType::f16) return false;
   if (qkv.size(2) != 3 * heads * attn90::kD || !attn90::aligned16(qkv)) return false;
   const int64_t b = qkv.size(0), t = qkv.size(1);
   if (b <= 0 || t <= 0 || t >= (int64_t{1} << 31)) return false;  // coordinates are ints
-  if (b * heads >= (int64_t{1} << 31)) return false;
+  // Unit indices are ints (Units::split32): (b·heads) · ⌈t/128⌉ < 2^31.
+  if (b * heads * ((t + 127) / 128) >= (int64_t{1} << 31)) return false;
   return gemm::sm90a_code_on(qkv.device().index);  // Note [sm_90a code]
 }
 
@@ -197,8 +208,9 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
   const int64_t b = qkv.size(0), t = qkv.size(1);
   const Geometry g{t, static_cast<int>(heads), scale};
   const CUtensorMap m128 = rows_map(qkv, 128, op);
-  const Units units{b * heads, static_cast<int>((t + 127) / 128), /*alternate=*/true};
+  Units units{b * heads, static_cast<int>((t + 127) / 128), /*alternate=*/true, b * heads};
   const unsigned grid = persistent_grid(units, dev);
+  units.group = unit_group(units, grid, t, dev);  // Note [Unit order]
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
     allow_dynamic_smem(reinterpret_cast<const void*>(fwd_kernel<T, DROP>), FwdPipe::kSmem);
     fwd_kernel<T, DROP><<<grid, kThreads, FwdPipe::kSmem, stream(dev)>>>(

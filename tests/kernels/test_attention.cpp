@@ -490,3 +490,48 @@ FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
       CHECK(max_abs_diff(out[0][1], out[1][1]) <= 0.02 * max_abs(out[1][1]) + 1e-3);
     }
 }
+
+// Note [Unit order]'s groups reorder the units of both Hopper kernels, not their arithmetic:
+// each unit's outputs are its own, and dq's partial sums are added in key-block order
+// whatever the order of the units. So every group size gives the same bits, including a group
+// of one head (a head's key blocks on concurrent CTAs, each waiting on the one before) and a
+// last group of fewer heads. Small enough for the sanitizers (tools/gpu-check attnsan).
+FFN_GPU_TEST("sm90 attention unit groups change the order, not the bits") {
+  Generator g(43);
+  for (auto [b, t, h] : {std::tuple<int64_t, int64_t, int64_t>{3, 200, 2}, {2, 520, 3}})
+    for (float p : {0.0f, 0.2f}) {
+      const int64_t c = h * 64;
+      const Tensor qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
+      if (!cuda::sm90_attention_supported(qkv, h)) {
+        MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
+        return;
+      }
+      CAPTURE(t);
+      CAPTURE(p);
+      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(kGpu);
+      const DropoutSpec d{p, 9, 2};
+      std::vector<Tensor> first;
+      for (int64_t group : {0, 1, 4}) {
+        CAPTURE(group);
+        cuda::sm90_attention_force_unit_group(group);
+        Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
+        Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
+        Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, kGpu);
+        Tensor db = Tensor::empty({3 * c}, DType::bf16, kGpu);
+        cuda::fused_attention(qkv, h, 0.125, d, y, lse, cuda::AttentionKernel::sm90);
+        cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, 0,
+                                       cuda::AttentionKernel::sm90, &db);
+        cuda::sm90_attention_force_unit_group(0);
+        std::vector<Tensor> out;
+        for (const Tensor* x : {&y, &lse, &dqkv, &db})
+          out.push_back(x->to(Device::cpu()).to(DType::f64));
+        if (first.empty()) {
+          first = out;
+          for (double v : out[2].to_vector()) REQUIRE(std::isfinite(v));
+          continue;
+        }
+        for (size_t i = 0; i < out.size(); ++i)
+          CHECK_MESSAGE(max_abs_diff(out[i], first[i]) == 0.0, "output ", i, " differs");
+      }
+    }
+}
