@@ -513,7 +513,10 @@ FFN_GPU_TEST("sm90 attention unit groups change the order, not the bits") {
       std::vector<Tensor> first;
       for (int64_t group : {0, 1, 4}) {
         CAPTURE(group);
-        cuda::sm90_attention_force_unit_group(group);
+        struct Forced {  // back to automatic groups however the block is left
+          explicit Forced(int64_t n) { cuda::sm90_attention_force_unit_group(n); }
+          ~Forced() { cuda::sm90_attention_force_unit_group(0); }
+        } forced(group);
         Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
         Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
         Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, kGpu);
@@ -521,7 +524,6 @@ FFN_GPU_TEST("sm90 attention unit groups change the order, not the bits") {
         cuda::fused_attention(qkv, h, 0.125, d, y, lse, cuda::AttentionKernel::sm90);
         cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, 0,
                                        cuda::AttentionKernel::sm90, &db);
-        cuda::sm90_attention_force_unit_group(0);
         std::vector<Tensor> out;
         for (const Tensor* x : {&y, &lse, &dqkv, &db})
           out.push_back(x->to(Device::cpu()).to(DType::f64));
