@@ -50,6 +50,19 @@ Var ref_attention(const Var& qkv, int64_t h, const DropoutSpec& d, Tensor* lse_o
   if (lse_out) *lse_out = lse;
   return make_output(y, std::make_shared<RefAttentionNode>(x, y, lse, h, d), {qkv});
 }
+
+// Random bf16 qkv [b, t, 3·h·64] and dy [b, t, h·64] on the GPU for the Hopper kernels' cases
+// (qkv drawn first); false, with a message, where those kernels do not run.
+bool hopper_inputs(int64_t b, int64_t t, int64_t h, Generator& g, Tensor& qkv, Tensor& dy) {
+  const int64_t c = h * 64;
+  qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
+  if (!cuda::sm90_attention_supported(qkv, h)) {
+    MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
+    return false;
+  }
+  dy = rand64({b, t, c}, g).to(DType::bf16).to(kGpu);
+  return true;
+}
 }  // namespace
 
 TEST_CASE("causal_attention passes FD checks with and without attention dropout") {
@@ -417,14 +430,10 @@ FFN_GPU_TEST("Hopper attention backward sums dq across key blocks in a fixed ord
                          {2, 1000, 3}, {16, 1024, 12}})
     for (float p : {0.0f, 0.1f}) {
       const int64_t c = h * 64;
-      const Tensor qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
-      if (!cuda::sm90_attention_supported(qkv, h)) {
-        MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
-        return;
-      }
+      Tensor qkv, dy;
+      if (!hopper_inputs(b, t, h, g, qkv, dy)) return;
       CAPTURE(t);
       CAPTURE(p);
-      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(kGpu);
       const DropoutSpec d{p, 11, 4};
       Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
       Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
@@ -465,12 +474,8 @@ FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
   for (auto [b, t] : {std::pair<int64_t, int64_t>{1, 7}, {3, 200}, {2, 300}})
     for (float p : {0.0f, 0.2f}) {
       const int64_t h = 2, c = h * 64;
-      const Tensor qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
-      if (!cuda::sm90_attention_supported(qkv, h)) {
-        MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
-        return;
-      }
-      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(kGpu);
+      Tensor qkv, dy;
+      if (!hopper_inputs(b, t, h, g, qkv, dy)) return;
       const DropoutSpec d{p, 5, 3};
       std::vector<Tensor> out[2];
       int k = 0;
@@ -501,14 +506,10 @@ FFN_GPU_TEST("sm90 attention unit groups change the order, not the bits") {
   for (auto [b, t, h] : {std::tuple<int64_t, int64_t, int64_t>{3, 200, 2}, {2, 520, 3}})
     for (float p : {0.0f, 0.2f}) {
       const int64_t c = h * 64;
-      const Tensor qkv = rand64({b, t, 3 * c}, g).to(DType::bf16).to(kGpu);
-      if (!cuda::sm90_attention_supported(qkv, h)) {
-        MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
-        return;
-      }
+      Tensor qkv, dy;
+      if (!hopper_inputs(b, t, h, g, qkv, dy)) return;
       CAPTURE(t);
       CAPTURE(p);
-      const Tensor dy = rand64({b, t, c}, g).to(DType::bf16).to(kGpu);
       const DropoutSpec d{p, 9, 2};
       std::vector<Tensor> first;
       for (int64_t group : {0, 1, 4}) {
