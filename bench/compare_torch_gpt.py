@@ -155,6 +155,7 @@ class Llama(nn.Module):
 
 ARCH = "gpt"  # --arch: which model make() builds
 PROFILE_TOP = 25  # --profile-top
+OURS_SET = []  # --ours-set: extra config overrides for ffn-train
 
 
 def load(path):
@@ -290,6 +291,8 @@ def time_ours(bin_, config, data, warmup, iters, run_dir):
             "--set", f"train.iters={warmup + iters}", "--set", "run.eval_every=100000",
             "--set", "run.log_every=1", "--set", "run.eval_iters=1", "--set", "run.checkpoint_every=100000"]
     args += ["--set", "data.kind=synthetic"] if ARCH == "gpt2" else ["--set", f"data.path={data}"]
+    for kv in OURS_SET:
+        args += ["--set", kv]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     m = re.search(r"peak memory ([0-9.]+) (B|KiB|MiB|GiB|TiB)", out)
     if m:
@@ -318,12 +321,14 @@ def main():
     ap.add_argument("--run-dir", default="runs/compare_torch_gpt")
     ap.add_argument("--profile", type=int, default=0, help="also print PyTorch's GPU kernel time over this many iters")
     ap.add_argument("--profile-top", type=int, default=25, help="--profile: how many kernels to list (the most time first)")
+    ap.add_argument("--ours-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="also pass --set KEY=VALUE to ffn-train (repeatable), e.g. runtime.fp32_residual=false")
     ap.add_argument("--repeat", type=int, default=1, help="alternating timing rounds (ours, eager, compile)")
     ap.add_argument("--seed", type=int, default=1337, help="--quality: the PyTorch run's seed (init, dropout, batches)")
     ap.add_argument("--quality-only", action="store_true", help="only the --quality run, no timing")
     a = ap.parse_args()
-    global ARCH, PROFILE_TOP
-    ARCH, PROFILE_TOP = a.arch, a.profile_top
+    global ARCH, PROFILE_TOP, OURS_SET
+    ARCH, PROFILE_TOP, OURS_SET = a.arch, a.profile_top, a.ours_set
     if not a.config:
         a.config = {"llama": "configs/llama_char.toml", "gpt2": "configs/gpt2_small.toml"}.get(
             a.arch, "configs/shakespeare_char.toml")
@@ -331,7 +336,7 @@ def main():
     train, val, vocab = (None, None, 50257) if a.arch == "gpt2" else load(a.data)
     res = {"device": torch.cuda.get_device_name(0), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "warmup": a.warmup, "iters": a.iters, "arch": a.arch,
-           "config": a.config}
+           "config": a.config, "ours_set": a.ours_set}
     if a.quality_only:
         best, curve = quality(train, val, vocab, dev, a.quality or 5000, a.seed)
         res.update(seed=a.seed, torch_best_val=best, torch_val_curve=curve)
@@ -376,7 +381,8 @@ def main():
     gib = lambda b: f"{b / 2**30:.2f} GiB" if b else "?"
     print(f"| {label} step ({res['device']}, {res['date']}) | ms/iter | tok/s | ours / it | peak memory |")
     print("|---|---:|---:|---:|---:|")
-    print(f"| fused-ffn (ffn-train) | {res['ours_ms']:.2f} | {res['ours_tok_s'] / 1e3:.1f}k | 1.00 | "
+    ours = "fused-ffn (ffn-train" + "".join(f", {kv}" for kv in a.ours_set) + ")"
+    print(f"| {ours} | {res['ours_ms']:.2f} | {res['ours_tok_s'] / 1e3:.1f}k | 1.00 | "
           f"{gib(res['ours_peak_bytes'])} |")
     print(f"| PyTorch eager | {res['eager_ms']:.2f} | {res['eager_tok_s'] / 1e3:.1f}k | "
           f"{res['ours_over_eager']:.3f} | {gib(res['eager_peak_bytes'])} |")
