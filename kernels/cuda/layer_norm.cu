@@ -189,9 +189,9 @@ constexpr int bwd_smem_bytes() {
 // works: one block of 8 warps fills an SM at these registers, and with the row loaded when
 // its turn came its latency was exposed. Held in registers, the column sums took 72 of 205
 // registers and left none for the next row (gpt2_small's shape, ffn-bench --norm on an H100:
-// 0.102 ms a call that way, 0.089 this way; session 23, bench/RESULTS.md). Staging the next
-// two rows in shared memory with cp.async instead, sums in registers, measured slower still
-// (0.116–0.120 ms).
+// 0.102 ms a call that way, 0.089 this way; session 23, bench/RESULTS-2026-11-26-s20-25.md).
+// Staging the next two rows in shared memory with cp.async instead, sums in registers,
+// measured slower still (0.116–0.120 ms).
 template <class X, class T, class S, int K, bool kDhSum>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
