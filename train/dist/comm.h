@@ -24,8 +24,9 @@
 // whole, once the next replay is queued (Note [Captured collectives]): the launch and the
 // inputs' uploads do not wait on it (core/cuda/copy.cu's eight staging slots: with up to
 // eight uploads a step, 2·accumulation + 1, a slot's last DMA was queued before an earlier
-// replay, which the trainer has already seen finish; with more, the watchdog catches it). One NCCL communicator only: aborting one of two
-// frees memory, which waits for the other's stuck kernels (a hang on 2× H200, session 9).
+// replay, which the trainer has already seen finish; with more, the watchdog catches it).
+// One NCCL communicator only: aborting one of two frees memory, which waits for the other's
+// stuck kernels (a hang on 2× H200, session 9).
 #pragma once
 
 #include <cstdint>
