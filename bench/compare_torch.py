@@ -6,7 +6,9 @@ PyTorch eager, torch.compile and the bare GEMMs of the same shapes (torch.mm int
 preallocated outputs: the floor), runs `ffn-bench` for our numbers in the same
 invocation, and prints one markdown table plus a JSON file with every number.
 
-Timing: CUDA events after warm-up, median of --iters runs, random normal inputs.
+Timing: CUDA events after warm-up, the median of at least --iters runs spread over
+--window-ms of wall time (both sides; Note [Timing window] in bench/timing.h), random
+normal inputs.
 Saved bytes: tensors autograd keeps for backward (saved_tensors_hooks), not counting
 inputs, parameters or the output.
 """
@@ -16,6 +18,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -69,12 +72,18 @@ def forward_fn(w):
     return fwd
 
 
+WINDOW_MS = 1000.0  # --window-ms
+
+
 def median_ms(fn, warmup, iters):
+    """At least `iters` timed runs spread over WINDOW_MS of wall time, as ffn-bench times (Note
+    [Timing window] in bench/timing.h: under the power cap the clock swings for seconds)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(iters):
+    start = time.perf_counter()
+    while not times or len(times) < iters or (time.perf_counter() - start) * 1e3 < WINDOW_MS:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -137,18 +146,53 @@ def gemm_floor_ms(w, t, warmup, iters):
     return median_ms(run, warmup, iters)
 
 
+def write_latest(args, rows, device, today):
+    """bench/results/latest/ffn.json: one object per workload; floor_ms is our bare GEMMs,
+    torch_floor_ms PyTorch's, and the ratios are against the faster of the two."""
+    command = " ".join(["python3", "bench/compare_torch.py"] + sys.argv[1:])
+    out = []
+    for r in rows:
+        o = r["ours"] or {}
+        if "ms" not in o:
+            continue
+        floor = min(o["gemm_floor_ms"], r["torch_gemm_floor_ms"])
+        e = {"workload": r["workload"], "ours_ms": round(o["ms"], 4),
+             "floor_ms": round(o["gemm_floor_ms"], 4),
+             "torch_floor_ms": round(r["torch_gemm_floor_ms"], 4),
+             "eager_ms": round(r["eager_ms"], 4)}
+        if "compile_ms" in r:
+            e["compile_ms"] = round(r["compile_ms"], 4)
+        e.update({"saved_bytes": o.get("saved_bytes", 0), "device": device, "date": today,
+                  "torch": torch.__version__, "command": command, "window_ms": args.window_ms,
+                  "ours_over_floor": round(o["ms"] / floor, 3)})
+        if "compile_ms" in r:
+            e["ours_over_compile"] = round(o["ms"] / r["compile_ms"], 3)
+        out.append(e)
+    with open(args.latest, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ffn-bench", required=True, help="path to the ffn-bench binary")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--window-ms", type=float, default=1000.0,
+                    help="each timed loop runs at least this long, ours and PyTorch's "
+                         "(0: exactly --iters runs)")
     ap.add_argument("--json", default=None, help="write all numbers here")
+    ap.add_argument("--latest", default=None,
+                    help="also write issue 13's record here (bench/results/latest/ffn.json)")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--workload", action="append", default=None)
     args = ap.parse_args()
+    global WINDOW_MS
+    WINDOW_MS = args.window_ms
 
     dev = torch.device("cuda")
-    cmd = [args.ffn_bench, "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    cmd = [args.ffn_bench, "--iters", str(args.iters), "--warmup", str(args.warmup),
+           "--window-ms", str(args.window_ms)]
     for wl in args.workload or []:
         cmd += ["--workload", wl]
     ours = {}
@@ -179,7 +223,8 @@ def main():
 
     name = torch.cuda.get_device_name()
     today = datetime.date.today().isoformat()
-    print(f"\nDevice: {name}; date: {today}; torch {torch.__version__}; iters {args.iters} (median)\n")
+    print(f"\nDevice: {name}; date: {today}; torch {torch.__version__}; "
+          f"median of >= {args.iters} runs over >= {args.window_ms:.0f} ms each\n")
     print("| workload | ours ms | eager ms | compile ms | GEMM floor ms (ours / torch) | ours/eager | ours/compile | ours/floor | TFLOP/s | saved MiB (ours / eager) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     mib = lambda b: b / 2**20
@@ -192,9 +237,12 @@ def main():
               f"{o.get('gemm_floor_ms', float('nan')):.3f} / {r['torch_gemm_floor_ms']:.3f} | "
               f"{ms / r['eager_ms']:.3f} | {ms / comp:.3f} | {ms / floor:.3f} | {o.get('tflops', float('nan')):.0f} | "
               f"{mib(o.get('saved_bytes', 0)):.0f} / {mib(r['eager_saved_bytes']):.0f} |")
+    if args.latest:
+        write_latest(args, rows, name, today)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "date": today, "torch": torch.__version__, "rows": rows}, f, indent=1)
+            json.dump({"device": name, "date": today, "torch": torch.__version__, "iters": args.iters,
+                       "window_ms": args.window_ms, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

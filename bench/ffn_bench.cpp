@@ -3,13 +3,19 @@
 // the same shapes, and prints one JSON line per workload.
 //
 // Timing: CUDA events on the compute stream around each forward+backward, after
-// warm-up, median of --iters runs, inputs drawn from N(0, 1) (never zeros).
+// warm-up, the median of at least --iters runs spread over --window-ms of wall time (Note
+// [Timing window] in bench/timing.h), inputs drawn from N(0, 1) (never zeros).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "bench/gpt_ops_bench.h"
@@ -505,6 +511,11 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "Timed iterations (median is reported)")
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Untimed warm-up iterations")->check(CLI::NonNegativeNumber);
+  app.add_option("--window-ms", bench::window_ms(),
+                 "Each timed loop runs at least this long (Note [Timing window] in "
+                 "bench/timing.h; 0: exactly --iters runs)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--device", device, "CUDA device index")->check(CLI::NonNegativeNumber);
   app.add_flag("--recompute", recompute, "Recompute z = x·W1ᵀ in backward instead of saving it");
   app.add_flag("--kernels", kernels, "Also time each fused elementwise kernel alone (GB/s)");
@@ -529,6 +540,15 @@ int main(int argc, char** argv) {
                "Only the fused attention kernels (mma.sync and Hopper) at the GPT shapes");
   app.add_option("--attention-dropout", attention_dropout, "Attention dropout p for --attention")
       ->check(CLI::Range(0.0, 1.0));
+  // The GEMM autotuner's choices across processes (Note [GEMM choices]): a profiler that
+  // serializes kernels (ncu) would time the candidates wrongly, so it restores the choices of a
+  // normal run of the same binary instead of timing them itself.
+  std::string choices_out, choices_in;
+  app.add_option("--gemm-choices-out", choices_out,
+                 "Write the GEMM autotuner's choices to this file at exit");
+  app.add_option("--gemm-choices-in", choices_in,
+                 "Run the GEMM choices in this file (from --gemm-choices-out) instead of timing")
+      ->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -538,6 +558,23 @@ int main(int argc, char** argv) {
     }
     const Device dev = Device::cuda(device);
     const auto& props = cuda::properties(device);
+    if (!choices_in.empty()) {
+      std::ifstream in(choices_in);
+      const std::string text{std::istreambuf_iterator<char>(in), {}};
+      const RestoredGemmChoices r = restore_gemm_choices(text, choices_in);
+      FFN_CHECK(r.skipped.empty(), "[ffn-bench] --gemm-choices-in ", choices_in,
+                " was not restored: ", r.skipped);
+      std::fprintf(stderr, "ffn-bench: %lld GEMM choices restored from %s\n",
+                   static_cast<long long>(r.count), choices_in.c_str());
+    }
+    // Written at the end of a successful run, whichever mode ran.
+    struct ChoicesWriter {
+      const std::string& path;
+      ~ChoicesWriter() {
+        if (path.empty() || std::uncaught_exceptions() > 0) return;
+        std::ofstream(path) << gemm_choices();
+      }
+    } choices_writer{choices_out};
     if (optimizer) {
       bench::optimizer_bench(device, warmup, iters);
       return 0;
@@ -580,6 +617,21 @@ int main(int argc, char** argv) {
       const size_t base = memory_stats(dev).in_use;
       const double ms = median_ms(device, warmup, iters, [&] { saved = step(); });
       const size_t peak = memory_stats(dev).peak - base;
+      // Where a step's time goes besides the GPU's work: the host's time to enqueue it (no
+      // wait; median), and the step timed four back to back, its launch hidden as in training.
+      std::vector<double> host;
+      for (int i = 0; i < iters; ++i) {
+        cuda::synchronize(device);
+        const auto t0 = std::chrono::steady_clock::now();
+        step();
+        host.push_back(
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+      cuda::synchronize(device);
+      std::sort(host.begin(), host.end());
+      const double host_ms = host[host.size() / 2];
+      const double b2b_ms = bench::back_to_back_ms(device, 0, iters, [&] { step(); });
 
       // The floor: the same GEMMs into preallocated outputs, nothing else.
       const int64_t hidden = w.h1 ? (w.gated ? w.h1 / 2 : w.h1) : w.d;
@@ -606,10 +658,13 @@ int main(int argc, char** argv) {
       const double flops = bench::gemm_flops(w);
       std::printf(
           "{\"workload\": \"%s\", \"dtype\": \"%s\", \"device\": \"%s\", \"iters\": %d, "
+          "\"window_ms\": %.0f, "
           "\"recompute\": %s, \"ms\": %.4f, \"gemm_floor_ms\": %.4f, \"ratio_to_floor\": %.3f, "
-          "\"tflops\": %.1f, \"floor_tflops\": %.1f, \"saved_bytes\": %zu, \"peak_bytes\": %zu}\n",
-          w.name.c_str(), dtype_name(w.dtype), props.name, iters, cfg.recompute ? "true" : "false",
-          ms, floor_ms, ms / floor_ms, flops / ms / 1e9, flops / floor_ms / 1e9, saved, peak);
+          "\"tflops\": %.1f, \"floor_tflops\": %.1f, \"saved_bytes\": %zu, \"peak_bytes\": %zu, "
+          "\"host_ms\": %.4f, \"back_to_back_ms\": %.4f}\n",
+          w.name.c_str(), dtype_name(w.dtype), props.name, iters, bench::window_ms(),
+          cfg.recompute ? "true" : "false", ms, floor_ms, ms / floor_ms, flops / ms / 1e9,
+          flops / floor_ms / 1e9, saved, peak, host_ms, b2b_ms);
       std::fflush(stdout);
       if (kernels) kernel_breakdown(w, device, warmup, iters);
       if (epilogues) epilogue_comparison(w, device, warmup, iters);

@@ -1,16 +1,61 @@
 // bench/timing.h — how the benchmarks time GPU work: CUDA events on the device's compute
-// stream, the median of `iters` runs after `warmup` untimed ones.
+// stream, the median of at least `iters` runs after `warmup` untimed ones, the timed runs
+// spread over a window of wall time (Note [Timing window]).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "core/cuda/check.h"
 #include "core/cuda/context.h"
-#include "core/cuda/timer.h"
 
 namespace ffn::bench {
+
+// Note [Timing window]
+// ~~~~~~~~~~~~~~~~~~~~
+// An H100 under GEMM load runs into its 700 W power cap within ~0.1 s, and from then on its SM
+// clock swings between ~1.4 and ~1.98 GHz with a period of about a second (nvidia-smi every
+// 100 ms, throttle reason "SW power cap"; 100-ms bins of one back-to-back GEMM 207-254 us:
+// bench/RESULTS.md session 30). Thirty 1.5-ms steps sample one phase of that swing, so two
+// runs of the same binary differed by up to 10%, and what ran just before (an autotuner
+// timing its candidates, another benchmark) moved the result: session 30 saw a 12-16%
+// "regression" of the FFN workloads that was 1.5-2% once each variant ran 200 steps. Every
+// timed loop therefore goes on until it has both `iters` runs and `window_ms` of wall time
+// (ffn-bench --window-ms, default 1000), so its median is taken over the clock's whole swing,
+// as a training run sees it. 0 restores the plain `iters` runs.
+inline double& window_ms() {
+  static double ms = 1000;
+  return ms;
+}
 
 // Milliseconds per run of `body`; each run waits for the GPU, its launch included.
 template <class F>
 double median_ms(int dev, int warmup, int iters, F&& body) {
-  return cuda::median_event_ms(cuda::stream(dev), warmup, iters, body);
+  cudaStream_t s = cuda::stream(dev);
+  for (int i = 0; i < warmup; ++i) body();
+  cudaEvent_t a, b;
+  FFN_CHECK_CUDA(cudaEventCreate(&a));
+  FFN_CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<float> ms;
+  const auto start = std::chrono::steady_clock::now();
+  const auto elapsed = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  while (ms.empty() || static_cast<int>(ms.size()) < iters || elapsed() < window_ms()) {
+    FFN_CHECK_CUDA(cudaEventRecord(a, s));
+    body();
+    FFN_CHECK_CUDA(cudaEventRecord(b, s));
+    FFN_CHECK_CUDA(cudaEventSynchronize(b));
+    float t = 0;
+    FFN_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 // Milliseconds per run of `body` timed as four back-to-back runs (median over `iters` such
