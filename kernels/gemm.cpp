@@ -86,6 +86,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
 namespace {
 std::atomic<int> g_autotune{-1};   // -1: not decided yet (read FFN_GEMM_TUNE)
 std::atomic<int> g_epilogues{-1};  // -1: not decided yet (read FFN_GEMM_EPILOGUES)
+std::atomic<int> g_dynamic_order{0};
 
 bool env_switch(std::atomic<int>& v, const char* name) {
   int x = v.load();
@@ -124,6 +125,16 @@ void set_gemm_epilogues(bool on) {
 
 bool gemm_epilogues() {
   return env_switch(g_epilogues, "FFN_GEMM_EPILOGUES");
+}
+
+void set_gemm_dynamic_order(bool on) {
+  g_dynamic_order = on ? 1 : 0;
+}
+
+bool gemm_dynamic_order() {
+  static const char* env = std::getenv("FFN_GEMM_DYNAMIC_ORDER");
+  if (env) return std::strcmp(env, "0") != 0;
+  return g_dynamic_order.load() == 1;
 }
 
 void set_gemm_autotune(bool on) {

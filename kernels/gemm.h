@@ -120,6 +120,15 @@ void reset_gemm_choices();
 void set_gemm_epilogues(bool on);
 bool gemm_epilogues();
 
+// The order in which the own Hopper GEMM's activation kernels take their tiles (Note [Dynamic
+// unit order] in kernels/cuda/gemm/tile_scheduler.cuh): dynamic (from a counter in global
+// memory, so CTAs that start late behind NCCL's kernels take fewer tiles) or static (the
+// persistent stride, 2-10% faster on a GPU of its own). Static by default; the trainer turns
+// dynamic on when it runs on more than one rank. FFN_GEMM_DYNAMIC_ORDER=0|1, when set, wins
+// over both (for A/B runs). Bit-identical results either way.
+void set_gemm_dynamic_order(bool on);
+bool gemm_dynamic_order();
+
 // Allocating convenience: returns op(a)·op(b) (+ bias).
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args = {});
 

@@ -144,6 +144,9 @@ void Trainer::place() {
   // travel in the checkpoints instead (Note [GEMM choices], restore() below).
   set_gemm_autotune(s.cfg.runtime.gemm_autotune);
   set_gemm_epilogues(s.cfg.runtime.gemm_epilogues);
+  // Note [Dynamic unit order]: beside NCCL's kernels the activation GEMMs take tiles from a
+  // counter; on one GPU the static order is faster.
+  set_gemm_dynamic_order(s.world > 1);
 }
 
 // The run dir, the checkpoint to resume, the data and what they must agree on.

@@ -5,6 +5,9 @@
 // GEMM's cases are in test_gemm.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "kernels/bias_act_dropout.h"
 #include "kernels/bias_glu_dropout.h"
@@ -685,6 +688,62 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
       cuda::sm90_gemm_nn_glu_backward(x, rand64({1024, 100}, g).to(DType::bf16).to(kGpu), z, {},
                                       Activation::silu, {}, dz_bad, bad),
       doctest::Contains("[sm90_gemm] the GLU backward"));
+}
+
+// Note [Dynamic unit order]: the activation kernels' units taken from the global counter or in
+// the static order give the same bits (every tile and db partial is one CTA's, the same
+// inputs in the same order), for the plain and the GLU kernels, forward and backward with
+// db, with and without dropout, at a shape whose ring wraps (more than 8 tiles a CTA) and at
+// GPT-2's fc1.
+FFN_GPU_TEST("sm90 activation GEMMs: the dynamic and the static unit order give the same bits") {
+  Generator g(78);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
+    return;
+  }
+  if (std::getenv("FFN_GEMM_DYNAMIC_ORDER")) {
+    MESSAGE("FFN_GEMM_DYNAMIC_ORDER is set: it fixes the order, nothing to compare");
+    return;
+  }
+  struct Restore {
+    bool was = gemm_dynamic_order();
+    ~Restore() { set_gemm_dynamic_order(was); }
+  } restore;
+  const int64_t dims[][3] = {{5000, 4096, 64}, {512, 3072, 768}, {1100, 1024, 200}};
+  for (auto& dm : dims)
+    for (float p : {0.0f, 0.1f}) {
+      const int64_t m = dm[0], n = dm[1], k = dm[2];
+      const DType dt = m == 1100 ? DType::f16 : DType::bf16;
+      const Activation act = m == 512 ? Activation::gelu_tanh : Activation::gelu_erf;
+      const std::string what = std::string(dtype_name(dt)) + " " + activation_name(act) + " m" +
+                               std::to_string(m) + " n" + std::to_string(n) + " k" +
+                               std::to_string(k) + " p" + std::to_string(p);
+      const DropoutSpec d{p, 31, 7};
+      const Tensor x = rand64({m, k}, g).to(dt).to(kGpu), w1 = rand64({n, k}, g).to(dt).to(kGpu);
+      const Tensor dy = rand64({m, k}, g).to(dt).to(kGpu), w2 = rand64({k, n}, g).to(dt).to(kGpu);
+      const Tensor w2g = rand64({k, n / 2}, g).to(dt).to(kGpu);
+      const Tensor b = rand64({n}, g).to(dt).to(kGpu);
+      std::vector<Tensor> outs[2];
+      for (int dyn = 0; dyn < 2; ++dyn) {
+        set_gemm_dynamic_order(dyn == 1);
+        CHECK(gemm_dynamic_order() == (dyn == 1));
+        Tensor z = Tensor::full({m, n}, NAN, dt, kGpu), hd = z.clone(), dz = z.clone(),
+               hd2 = z.clone(), db = Tensor::full({n}, NAN, dt, kGpu);
+        cuda::sm90_gemm_nt_act(x, w1, b, act, d, z, hd);
+        cuda::sm90_gemm_nn_act_backward(dy, w2, z, b, act, d, dz, hd2,
+                                        cuda::Sm90Schedule::automatic, &db);
+        Tensor gz = Tensor::full({m, n}, NAN, dt, kGpu),
+               gout = Tensor::full({m, n / 2}, NAN, dt, kGpu), gdz = gz.clone(),
+               gout2 = gout.clone(), gdb = db.clone();
+        cuda::sm90_gemm_nt_glu(x, w1, b, act, d, gz, gout);
+        cuda::sm90_gemm_nn_glu_backward(dy, w2g, gz, b, act, d, gdz, gout2, &gdb);
+        outs[dyn] = {z, hd, dz, hd2, db, gz, gout, gdz, gout2, gdb};
+      }
+      const char* names[] = {"z",     "hd",      "dz",     "recomputed hd", "db",
+                             "GLU z", "GLU out", "GLU dz", "GLU out again", "GLU db"};
+      for (size_t i = 0; i < outs[0].size(); ++i)
+        CHECK_MESSAGE(equal_and_written(outs[0][i], outs[1][i]), what, ": ", names[i]);
+    }
 }
 
 TEST_CASE("linear_glu declines the CPU and checks its arguments") {

@@ -97,7 +97,7 @@ namespace ffn::cuda::gemm {
 // kGlu (backward): db's scratch holds a value and a gate half. Only the GLU's kernel has the
 // second half: 1.5 KiB more in every backward left the plain one's ring 4 stages instead of 5
 // (launch_act in kernel.cuh sizes the ring from kBytes).
-template <bool kBackward, bool kGlu = false>
+template <bool kBackward, bool kGlu = false, bool kDynamic = true>
 struct ActShared {
   static constexpr int kBoxBytes = 64 * 64 * 2;     // one 64×64 box of 16-bit elements
   static constexpr int kTileBytes = 4 * kBoxBytes;  // a 128×128 tile: boxes (rb, cb) at 2rb + cb
@@ -107,8 +107,8 @@ struct ActShared {
   static constexpr int kHalves = kGlu ? 2 : 1;
   static constexpr int kRedBytes = kBackward ? 2 * kHalves * 3 * 64 * 4 : 0;
   // Note [Dynamic unit order]: the ring's readers are the consumer's 128 threads and the
-  // activation warpgroups' 256.
-  using Ring = UnitRing<384>;
+  // activation warpgroups' 256; without kDynamic the units come in the static order.
+  using Ring = std::conditional_t<kDynamic, UnitRing<384>, StaticUnits>;
   static constexpr int kBytes = kBuffers * kTileBytes + kRedBytes + Ring::kBytes;
   static constexpr int kHandoff = 384;  // the consumer's and both activation warpgroups' threads
 
@@ -131,7 +131,12 @@ struct ActShared {
   __device__ float* red(int c) const {
     return reinterpret_cast<float*>(base + kBuffers * kTileBytes) + c * kHalves * 3 * 64;
   }
-  __device__ Ring ring() const { return Ring::carve(base + kBuffers * kTileBytes + kRedBytes); }
+  __device__ Ring ring(const TileScheduler& sched) const {
+    if constexpr (kDynamic)
+      return Ring::carve(base + kBuffers * kTileBytes + kRedBytes);
+    else
+      return Ring{sched.num_units()};
+  }
 };
 
 // The consumer's 64-row block rb (0, 1) of a 128×128 tile, rounded to T, into the
@@ -149,8 +154,9 @@ __device__ __forceinline__ void stage_block(const float (&acc)[R], uint8_t* tile
 // (backward); hd goes out through out2 (TMA, forward) or the hd pointer (backward); bias
 // optional [n], n % 8 == 0. kGlu (Note [GLU warpgroup]): n is the GLU's output width h, z
 // (and the backward's dz) [m, 2h] and bias [2h].
-template <class T, Activation A, bool kBackward, bool kGlu = false>
+template <class T, Activation A, bool kBackward, bool kGlu = false, bool kDynamic = true>
 struct ActWarpgroup {
+  using Shared = ActShared<kBackward, kGlu, kDynamic>;
   const T* bias;
   int m, n;
   // Backward, optional: db's per-tile-row partials, [tiles_m, n] fp32 (Note [Activation
@@ -210,8 +216,8 @@ struct ActWarpgroup {
   // Activation warpgroup c (0, 1): for every tile of the CTA, its two boxes (rb = 0, 1; cb = c).
   // With or without dropout is decided once per kernel (a warp-uniform branch) between two
   // compiled copies of the loop, so a call without it runs no extra instruction.
-  __device__ void run(int c, const ActShared<kBackward, kGlu>& sh, const TileScheduler& sched,
-                      const CUtensorMap* out1, const CUtensorMap* out2) const {
+  __device__ void run(int c, const Shared& sh, const TileScheduler& sched, const CUtensorMap* out1,
+                      const CUtensorMap* out2) const {
     if constexpr (kGlu && kBackward) {
       if (mask.active)
         run_glu_backward<true>(c, sh, sched);
@@ -245,14 +251,14 @@ struct ActWarpgroup {
   // out's element row·h + col is bias_glu_dropout's, so the outputs are bit-identical to the
   // GEMM followed by bias_glu_dropout.
   template <bool kDrop>
-  __device__ __forceinline__ void run_glu(int c, const ActShared<kBackward, kGlu>& sh,
-                                          const TileScheduler& sched, const CUtensorMap* zmap,
+  __device__ __forceinline__ void run_glu(int c, const Shared& sh, const TileScheduler& sched,
+                                          const CUtensorMap* zmap,
                                           const CUtensorMap* outmap) const {
-    using SH = ActShared<kBackward, kGlu>;
+    using SH = Shared;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of the box
     const int own = SH::act_barrier(c);
-    const auto ring = sh.ring();
+    const auto ring = sh.ring(sched);
     int u = ring.at(0);
     for (int j = 0; u >= 0; ++j) {
       const Unit un = sched.unit(u);
@@ -331,15 +337,15 @@ struct ActWarpgroup {
   // busy) more than memory; rows one or four at a time, loads one row ahead and streaming
   // cache hints measured no better.
   template <bool kDrop>
-  __device__ __forceinline__ void run_glu_backward(int c, const ActShared<kBackward, kGlu>& sh,
+  __device__ __forceinline__ void run_glu_backward(int c, const Shared& sh,
                                                    const TileScheduler& sched) const {
-    using SH = ActShared<kBackward, kGlu>;
+    using SH = Shared;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
     // z's value and gate chunks of the row computed next (c) and of the one after it (n1);
     // row k of a tile is row r0 + 64 (k / 4) + 16 (k % 4) of it.
     uint4 cv{}, cg{}, n1v{}, n1g{};
-    const auto ring = sh.ring();
+    const auto ring = sh.ring(sched);
     int u = ring.at(0);
     if (u >= 0) {
       const Unit first = sched.unit(u);
@@ -353,9 +359,8 @@ struct ActWarpgroup {
       const int next = ring.at(j + 1);  // -1: none
       const bool has_next = next >= 0;
       const Unit nun = has_next ? sched.unit(next) : un;
-      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
-      {  // the z tile after the next one into L2 (if taken yet): row t of both halves
-        const int ahead = has_next ? ring.peek(j + 2) : -1;
+      const auto prefetch_ahead = [&] {  // the z tile after the next one into L2 (if taken
+        const int ahead = has_next ? ring.peek(j + 2) : -1;  // yet): row t of both halves
         if (ahead >= 0) {
           const Unit far = sched.unit(ahead);
           const int64_t at = glu_chunk(128 * far.tm + t, 128 * far.tn + 64 * c);
@@ -364,7 +369,10 @@ struct ActWarpgroup {
             asm volatile("prefetch.global.L2 [%0];" ::"l"(z + at + n));
           }
         }
-      }
+      };
+      if constexpr (!kDynamic) prefetch_ahead();  // as run_as: before the wait when known
+      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
+      if constexpr (kDynamic) prefetch_ahead();
       if (j > 0) release(c, j - 1, has_next);
       float sv[8], sg[8];  // this thread's column sums of dv and dg
 #pragma unroll
@@ -455,9 +463,8 @@ struct ActWarpgroup {
   // and writes the value columns' sums at col and the gate columns' at n + col. The scratch
   // is next written after the next tile's release(), whose warpgroup barrier follows these
   // reads.
-  __device__ __forceinline__ void column_sums(int c, const ActShared<kBackward, kGlu>& sh,
-                                              float (&sv)[8], float (&sg)[8], int tm,
-                                              int col) const {
+  __device__ __forceinline__ void column_sums(int c, const Shared& sh, float (&sv)[8],
+                                              float (&sg)[8], int tm, int col) const {
     const int t = threadIdx.x % 128, ch = t % 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -474,7 +481,7 @@ struct ActWarpgroup {
         red[192 + (t / 32 - 1) * 64 + 8 * ch + e] = sg[e];
       }
     }
-    named_barrier_sync(ActShared<kBackward, kGlu>::act_barrier(c), 128);
+    named_barrier_sync(Shared::act_barrier(c), 128);
     if (t < 8 && col + 8 * t < n) {
       const float* rv = red + 8 * t;
       const float* rg = red + 192 + 8 * t;
@@ -494,10 +501,9 @@ struct ActWarpgroup {
     }
   }
   template <bool kDrop>
-  __device__ __forceinline__ void run_as(int c, const ActShared<kBackward, kGlu>& sh,
-                                         const TileScheduler& sched, const CUtensorMap* out1,
-                                         const CUtensorMap* out2) const {
-    using SH = ActShared<kBackward, kGlu>;
+  __device__ __forceinline__ void run_as(int c, const Shared& sh, const TileScheduler& sched,
+                                         const CUtensorMap* out1, const CUtensorMap* out2) const {
+    using SH = Shared;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
     const int own = SH::act_barrier(c);
@@ -507,7 +513,7 @@ struct ActWarpgroup {
     // bound at small K, where a load waited for in place would add its whole latency to every
     // tile) while only one box's z is live (two boxes' until session 17: 16 more registers).
     uint4 zc[4];
-    const auto ring = sh.ring();
+    const auto ring = sh.ring(sched);
     int u = ring.at(0);
     if constexpr (kBackward) {
       if (u >= 0) load_z(sched.unit(u), c, 0, r0, ch, zc);
@@ -518,16 +524,22 @@ struct ActWarpgroup {
       const int b = j & 1;
       const int rows = 128 * un.tm, col = 128 * un.tn + 64 * c;  // the column block's
       uint8_t* st = sh.staged(b);
-      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
-      if constexpr (kBackward) {  // the z tile after the next one into L2, a row per thread
-        // (normally taken by now: the producer takes each unit before loading the one before)
-        const int ahead = next >= 0 ? ring.peek(j + 2) : -1;
-        if (ahead >= 0) {
-          const Unit far = sched.unit(ahead);
-          const int64_t at = chunk(128 * far.tm + t, 128 * far.tn + 64 * c);
-          if (at >= 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(z + at));
+      const auto prefetch_ahead = [&] {
+        if constexpr (kBackward) {  // the z tile after the next one into L2, a row per thread
+          const int ahead = next >= 0 ? ring.peek(j + 2) : -1;
+          if (ahead >= 0) {
+            const Unit far = sched.unit(ahead);
+            const int64_t at = chunk(128 * far.tm + t, 128 * far.tn + 64 * c);
+            if (at >= 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(z + at));
+          }
         }
-      }
+      };
+      // The static order knows the tile ahead at once: its prefetch goes out before the wait
+      // for the staged tile. The ring's entry is normally there once the tile is staged (the
+      // producer takes each unit before loading the one before).
+      if constexpr (!kDynamic) prefetch_ahead();
+      named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
+      if constexpr (kDynamic) prefetch_ahead();
       if (j > 0) release(c, j - 1, next >= 0);
       if (!kBackward && t == 0) {  // z leaves as the GEMM rounded it, one group per box
 #pragma unroll
@@ -666,7 +678,7 @@ struct ActWarpgroup {
   // staged: the stores had the wait for it to drain, and the consumer needs the buffer only
   // for tile j + 2, if there is one (more: tile j + 2 exists).
   __device__ void release(int c, int j, bool more) const {
-    using SH = ActShared<kBackward, kGlu>;
+    using SH = Shared;
     const int b = j & 1;
     if (threadIdx.x % 128 == 0) tma_store_wait_read<0>();
     named_barrier_sync(SH::act_barrier(c), 128);

@@ -21,6 +21,12 @@
 #include "kernels/cuda/gemm/mainloop.cuh"
 #include "kernels/cuda/gemm/tensor_map.h"
 
+namespace ffn {
+// kernels/gemm.h's, declared here: that header's function ffn::cuda::gemm would clash with
+// this namespace.
+bool gemm_dynamic_order();
+}  // namespace ffn
+
 namespace ffn::cuda::gemm {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL) || !defined(__CUDA_ARCH__)
@@ -153,20 +159,21 @@ __global__ void __launch_bounds__(384, 1)
 // Note [Activation warpgroup]'s kernel: 128×128 tiles, one consumer warpgroup, A K-major (x
 // or dz2), B K-major in the forward (W1 as [h, d]) and MN-major in the backward (W2 as
 // [d, h]). tc: z or dz; tc2: hd; tz: the saved z (backward).
-// The units come in Note [Dynamic unit order]: the producer thread takes them from `units`.
-template <class T, int STAGES, Activation A, bool kBackward, bool kGlu>
+// The units come in Note [Dynamic unit order] (kDynamic: the producer thread takes them from
+// `units`) or in the static order (StaticUnits).
+template <class T, int STAGES, Activation A, bool kBackward, bool kGlu, bool kDynamic>
 __global__ void __launch_bounds__(512, 1)
     gemm_act_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
                     TileScheduler sched, UnitCounter units,
-                    ActWarpgroup<T, A, kBackward, kGlu> act) {
+                    ActWarpgroup<T, A, kBackward, kGlu, kDynamic> act) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward>;
-  using SH = ActShared<kBackward, kGlu>;
+  using SH = ActShared<kBackward, kGlu, kDynamic>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, SH::kBytes);
   const SH sh = SH::carve(ml.scratch);
-  const auto ring = sh.ring();
+  const auto ring = sh.ring(sched);
   if (threadIdx.x == 0) {
     prefetch_tensor_map(&ta);
     prefetch_tensor_map(&tb);
@@ -305,12 +312,14 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
 // out = z [m, 2h], hd = the GLU's output [m, h], h % 64 == 0; backward b = W2 [d, h], z the
 // saved [m, 2h], out = dz [m, 2h], hd = the recomputed GLU output [m, h], db_part [tiles_m,
 // 2h].
-template <class T, Activation A, bool kBackward, bool kGlu = false>
-void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
-                const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
+// The units' order (Note [Dynamic unit order]): dynamic under gemm_dynamic_order()
+// (kernels/gemm.h: data parallelism), else static.
+template <class T, Activation A, bool kBackward, bool kGlu, bool kDynamic>
+void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
+                   const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part) {
   constexpr int kStage = 2 * 128 * 64 * 2;
   constexpr int kStages =
-      std::min(6, (232448 - 1024 - 256 - ActShared<kBackward, kGlu>::kBytes) / kStage);
+      std::min(6, (232448 - 1024 - 256 - ActShared<kBackward, kGlu, kDynamic>::kBytes) / kStage);
   static_assert(kStages >= 3, "the activation warpgroup's tiles leave too little of a ring");
   using ML = Mainloop<T, 128, kStages, 4, false, kBackward>;
   const int dev = a.device().index;
@@ -323,15 +332,15 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   const CUtensorMap tc2 = kBackward ? CUtensorMap{} : tensor_map(hd, 64);
   const TileScheduler sched{(m + 127) / 128, kGlu && !kBackward ? n / 64 : (n + 127) / 128,
                             (k + 63) / 64, 1};
-  auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu>;
-  const int smem = ML::smem_bytes(ActShared<kBackward, kGlu>::kBytes);
-  const UnitCounter units = unit_counter(dev);
+  auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic>;
+  const int smem = ML::smem_bytes(ActShared<kBackward, kGlu, kDynamic>::kBytes);
+  const UnitCounter units = kDynamic ? unit_counter(dev) : UnitCounter{};
   static std::once_flag once[8];
   std::call_once(once[dev % 8], [&] {
     FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   });
   const int grid = std::min(sched.num_units(), properties(dev).multiProcessorCount);
-  ActWarpgroup<T, A, kBackward, kGlu> act{bias, m, n, db_part};
+  ActWarpgroup<T, A, kBackward, kGlu, kDynamic> act{bias, m, n, db_part};
   act.mask = mask;
   if constexpr (kBackward) {
     act.z = static_cast<const T*>(z->data_ptr());
@@ -340,6 +349,15 @@ void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tenso
   }
   kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, sched, units, act);
   FFN_CHECK_CUDA(cudaGetLastError());
+}
+
+template <class T, Activation A, bool kBackward, bool kGlu = false>
+void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
+                const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
+  if (ffn::gemm_dynamic_order())
+    launch_act_in<T, A, kBackward, kGlu, true>(a, b, out, hd, z, bias, mask, db_part);
+  else
+    launch_act_in<T, A, kBackward, kGlu, false>(a, b, out, hd, z, bias, mask, db_part);
 }
 
 }  // namespace ffn::cuda::gemm
