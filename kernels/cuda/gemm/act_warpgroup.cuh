@@ -75,9 +75,10 @@ namespace ffn::cuda::gemm {
 // session 17 with z kept one box instead of two, which still measured 8% faster at gpt2's
 // fc1; all three activations since the 16-bit pairs are unpacked with a shift or a mask,
 // unpack in core/cuda/types.cuh, which measured 1.5% faster with db: 0.2194/0.2204 ->
-// 0.2165/0.2162 ms at gpt2's fc1, H100, session 25). Since session 26 (the short erfc for
-// 16-bit outputs, the unit ring) ptxas reports the 4-byte spill in the bf16 gelu_erf and
-// silu and the f16 gelu_erf backward kernels, none in the others. The backward's activation
+// 0.2165/0.2162 ms at gpt2's fc1, H100, session 25). ptxas reports small spills in some
+// backward kernels (session 30): in the static unit order 4 bytes in bf16 gelu_erf,
+// gelu_tanh and silu, in the dynamic order (Note [Dynamic unit order]) 4 bytes in bf16
+// gelu_erf and silu and 12 in f16 gelu_erf; none in the others. The backward's activation
 // warps stall mostly on fixed-latency dependencies (ncu, session 17: stall_wait 32%, 46
 // instructions an element at gpt2's fc1), so registers freed for more elements in flight
 // pay: dz written at once and z one box ahead row by row made the backward at K <= 1024 1-4%

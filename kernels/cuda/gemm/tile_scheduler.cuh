@@ -83,6 +83,14 @@ struct TileScheduler {
 // step as it was (forward+backward 31.93 and 31.99 ms against 31.99 and 31.97 with the static
 // order fed through the same ring, alternated in one call) and made the forward ~7% slower at
 // gpt2_small's shape on one GPU, so it was not kept.
+// On one GPU the ring costs the activation kernels themselves 2-10% (ncu, H100, session 30,
+// bisected: ffn_d1024's fc1 forward 254-258 -> 270-272 us and backward 348-352 -> 362-364,
+// welder_fc2's f16 gelu_erf backward 442-448 -> 474-502; session 26's "unchanged" came from
+// wall-clock timings that the power cap's clock swing hides, Note [Timing window] in
+// bench/timing.h). So the kernels take the order as a template parameter: StaticUnits
+// (the persistent stride behind the same interface) unless gemm_dynamic_order()
+// (kernels/gemm.h), which the trainer turns on for more than one rank. Static, they measured
+// 264/341, 440-446 us (ffn-bench, 1 s windows: welder_fc2 and ffn_d1024 2.5-4% faster).
 // The readers are threads: each reads the entry into a register and arrives on the slot's
 // empty barrier itself, so the thread that read the slot is the one that releases it.
 // (Session 26 had every lane read and lane 0 arrive for its warp after __syncwarp, which the
