@@ -3,12 +3,8 @@
 // spread over a window of wall time (Note [Timing window]).
 #pragma once
 
-#include <algorithm>
-#include <chrono>
-#include <vector>
-
-#include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/timer.h"
 
 namespace ffn::bench {
 
@@ -32,30 +28,7 @@ inline double& window_ms() {
 // Milliseconds per run of `body`; each run waits for the GPU, its launch included.
 template <class F>
 double median_ms(int dev, int warmup, int iters, F&& body) {
-  cudaStream_t s = cuda::stream(dev);
-  for (int i = 0; i < warmup; ++i) body();
-  cudaEvent_t a, b;
-  FFN_CHECK_CUDA(cudaEventCreate(&a));
-  FFN_CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms;
-  const auto start = std::chrono::steady_clock::now();
-  const auto elapsed = [&] {
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-        .count();
-  };
-  while (ms.empty() || static_cast<int>(ms.size()) < iters || elapsed() < window_ms()) {
-    FFN_CHECK_CUDA(cudaEventRecord(a, s));
-    body();
-    FFN_CHECK_CUDA(cudaEventRecord(b, s));
-    FFN_CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    FFN_CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  return cuda::median_event_ms(cuda::stream(dev), warmup, iters, body, window_ms());
 }
 
 // Milliseconds per run of `body` timed as four back-to-back runs (median over `iters` such
