@@ -443,8 +443,10 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
   }
   // (M, N = h, K): M = 1, ragged row and column tiles, N < 256 and >= 256 (the cooperative
   // kernel's BN), more tiles than SMs (1100 × 8192: CTAs reuse their buffers), GPT-2's fc1,
-  // and more than 8 tiles a CTA on 132 SMs (5000 × 4096: Note [Dynamic unit order]'s ring of
-  // units wraps; bf16 gelu_erf on the activation warpgroups only).
+  // and more than 8 tiles a CTA on 132 SMs (5000 × 4096, bf16 gelu_erf on the activation
+  // warpgroups only: where Note [Dynamic unit order]'s ring of units wraps; these cases run
+  // the default order, the static one on a single process, and the unit-order case below
+  // compares both).
   const int64_t dims[][3] = {{1, 8, 8},        {129, 264, 72},   {300, 1608, 256},
                              {1100, 8192, 64}, {512, 3072, 768}, {5000, 4096, 64}};
   for (auto& dm : dims)
