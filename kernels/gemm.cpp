@@ -87,6 +87,7 @@ namespace {
 std::atomic<int> g_autotune{-1};   // -1: not decided yet (read FFN_GEMM_TUNE)
 std::atomic<int> g_epilogues{-1};  // -1: not decided yet (read FFN_GEMM_EPILOGUES)
 std::atomic<int> g_dynamic_order{0};
+std::atomic<int> g_multicast{-1};  // -1: not decided yet (read FFN_GEMM_MULTICAST)
 
 bool env_switch(std::atomic<int>& v, const char* name) {
   int x = v.load();
@@ -135,6 +136,14 @@ bool gemm_dynamic_order() {
   static const char* env = std::getenv("FFN_GEMM_DYNAMIC_ORDER");
   if (env) return std::strcmp(env, "0") != 0;
   return g_dynamic_order.load() == 1;
+}
+
+void set_gemm_multicast(bool on) {
+  g_multicast = on ? 1 : 0;
+}
+
+bool gemm_multicast() {
+  return env_switch(g_multicast, "FFN_GEMM_MULTICAST");
 }
 
 void set_gemm_autotune(bool on) {

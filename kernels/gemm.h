@@ -129,6 +129,13 @@ bool gemm_epilogues();
 void set_gemm_dynamic_order(bool on);
 bool gemm_dynamic_order();
 
+// Whether the own Hopper GEMM's activation kernels, in the static order, run as clusters of two
+// CTAs that share the A operand's tiles by TMA multicast (Note [Operand multicast] in
+// kernels/cuda/gemm/mainloop.cuh; where the column tiles pair up). On by default;
+// FFN_GEMM_MULTICAST=0 turns it off (A/B runs). Bit-identical results either way.
+void set_gemm_multicast(bool on);
+bool gemm_multicast();
+
 // Allocating convenience: returns op(a)·op(b) (+ bias).
 Tensor matmul(const Tensor& a, const Tensor& b, const GemmArgs& args = {});
 

@@ -445,8 +445,9 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
   // kernel's BN), more tiles than SMs (1100 × 8192: CTAs reuse their buffers), GPT-2's fc1,
   // and more than 8 tiles a CTA on 132 SMs (5000 × 4096, bf16 gelu_erf on the activation
   // warpgroups only: where Note [Dynamic unit order]'s ring of units wraps; these cases run
-  // the default order, the static one on a single process, and the unit-order case below
-  // compares both).
+  // the default order, the static one on a single process, in clusters sharing A where the
+  // column tiles pair up (1100 × 8192, 512 × 3072, 5000 × 4096: Note [Operand multicast]);
+  // the case "the unit order and operand multicast change no bits" compares all three).
   const int64_t dims[][3] = {{1, 8, 8},        {129, 264, 72},   {300, 1608, 256},
                              {1100, 8192, 64}, {512, 3072, 768}, {5000, 4096, 64}};
   for (auto& dm : dims)
@@ -697,7 +698,12 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
 // inputs in the same order), for the plain and the GLU kernels, forward and backward with
 // db, with and without dropout, at a shape whose ring wraps (more than 8 tiles a CTA) and at
 // GPT-2's fc1.
-FFN_GPU_TEST("sm90 activation GEMMs: the dynamic and the static unit order give the same bits") {
+// Note [Dynamic unit order] and Note [Operand multicast]: the dynamic order, the static one
+// and the static one in clusters of two CTAs sharing A compute every tile alike. The shapes'
+// column tiles pair up (multicast runs in the forwards, rows past m in a partner's half of A
+// included; in the plain backward at 600 × 512 × 2048, act_multicast's K >= 2048) except the
+// last one's (odd: multicast declines).
+FFN_GPU_TEST("sm90 activation GEMMs: the unit order and operand multicast change no bits") {
   Generator g(78);
   if (!sm90_here()) {
     MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
@@ -708,10 +714,14 @@ FFN_GPU_TEST("sm90 activation GEMMs: the dynamic and the static unit order give 
     return;
   }
   struct Restore {
-    bool was = gemm_dynamic_order();
-    ~Restore() { set_gemm_dynamic_order(was); }
+    bool order = gemm_dynamic_order(), multicast = gemm_multicast();
+    ~Restore() {
+      set_gemm_dynamic_order(order);
+      set_gemm_multicast(multicast);
+    }
   } restore;
-  const int64_t dims[][3] = {{5000, 4096, 64}, {512, 3072, 768}, {1100, 1024, 200}};
+  const int64_t dims[][3] = {
+      {5000, 4096, 64}, {512, 3072, 768}, {1100, 1024, 200}, {600, 512, 2048}, {300, 384, 128}};
   for (auto& dm : dims)
     for (float p : {0.0f, 0.1f}) {
       const int64_t m = dm[0], n = dm[1], k = dm[2];
@@ -725,10 +735,15 @@ FFN_GPU_TEST("sm90 activation GEMMs: the dynamic and the static unit order give 
       const Tensor dy = rand64({m, k}, g).to(dt).to(kGpu), w2 = rand64({k, n}, g).to(dt).to(kGpu);
       const Tensor w2g = rand64({k, n / 2}, g).to(dt).to(kGpu);
       const Tensor b = rand64({n}, g).to(dt).to(kGpu);
-      std::vector<Tensor> outs[2];
-      for (int dyn = 0; dyn < 2; ++dyn) {
-        set_gemm_dynamic_order(dyn == 1);
-        CHECK(gemm_dynamic_order() == (dyn == 1));
+      const struct {
+        bool dynamic, multicast;
+        const char* name;
+      } runs[] = {{true, false, "dynamic"}, {false, false, "static"}, {false, true, "multicast"}};
+      std::vector<Tensor> outs[3];
+      for (int r = 0; r < 3; ++r) {
+        set_gemm_dynamic_order(runs[r].dynamic);
+        set_gemm_multicast(runs[r].multicast);
+        CHECK(gemm_dynamic_order() == runs[r].dynamic);
         Tensor z = Tensor::full({m, n}, NAN, dt, kGpu), hd = z.clone(), dz = z.clone(),
                hd2 = z.clone(), db = Tensor::full({n}, NAN, dt, kGpu);
         cuda::sm90_gemm_nt_act(x, w1, b, act, d, z, hd);
@@ -739,12 +754,14 @@ FFN_GPU_TEST("sm90 activation GEMMs: the dynamic and the static unit order give 
                gout2 = gout.clone(), gdb = db.clone();
         cuda::sm90_gemm_nt_glu(x, w1, b, act, d, gz, gout);
         cuda::sm90_gemm_nn_glu_backward(dy, w2g, gz, b, act, d, gdz, gout2, &gdb);
-        outs[dyn] = {z, hd, dz, hd2, db, gz, gout, gdz, gout2, gdb};
+        outs[r] = {z, hd, dz, hd2, db, gz, gout, gdz, gout2, gdb};
       }
       const char* names[] = {"z",     "hd",      "dz",     "recomputed hd", "db",
                              "GLU z", "GLU out", "GLU dz", "GLU out again", "GLU db"};
-      for (size_t i = 0; i < outs[0].size(); ++i)
-        CHECK_MESSAGE(equal_and_written(outs[0][i], outs[1][i]), what, ": ", names[i]);
+      for (int r = 1; r < 3; ++r)
+        for (size_t i = 0; i < outs[0].size(); ++i)
+          CHECK_MESSAGE(equal_and_written(outs[0][i], outs[r][i]), what, ": ", names[i], ", ",
+                        runs[r].name, " against dynamic");
     }
 }
 

@@ -11,6 +11,7 @@
 #include "kernels/cuda/gemm/epilogue.cuh"  // stage_box
 #include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/cuda/gemm/tile_scheduler.cuh"
+#include "kernels/cuda/gemm/trace.cuh"
 #include "kernels/cuda/rowwise.cuh"  // DeviceMask
 
 namespace ffn::cuda::gemm {
@@ -136,7 +137,7 @@ struct ActShared {
     if constexpr (kDynamic)
       return Ring::carve(base + kBuffers * kTileBytes + kRedBytes);
     else
-      return Ring{sched.num_units()};
+      return Ring{sched.num_units(), sched.cluster};
   }
 };
 
@@ -539,9 +540,12 @@ struct ActWarpgroup {
       // for the staged tile. The ring's entry is normally there once the tile is staged (the
       // producer takes each unit before loading the one before).
       if constexpr (!kDynamic) prefetch_ahead();
+      if (t == 0) trace::mark(4 + 4 * c, j);
       named_barrier_sync(SH::full_barrier(b), SH::kHandoff);
+      if (t == 0) trace::mark(5 + 4 * c, j);
       if constexpr (kDynamic) prefetch_ahead();
       if (j > 0) release(c, j - 1, next >= 0);
+      if (t == 0) trace::mark(6 + 4 * c, j);
       if (!kBackward && t == 0) {  // z leaves as the GEMM rounded it, one group per box
 #pragma unroll
         for (int rb = 0; rb < 2; ++rb) {
@@ -670,6 +674,7 @@ struct ActWarpgroup {
           tma_store_commit();
         }
       }
+      if (t == 0) trace::mark(7 + 4 * c, j);
       u = next;
     }
     if (threadIdx.x % 128 == 0) tma_store_wait_all();

@@ -20,11 +20,13 @@
 #include "kernels/cuda/gemm/epilogue.cuh"
 #include "kernels/cuda/gemm/mainloop.cuh"
 #include "kernels/cuda/gemm/tensor_map.h"
+#include "kernels/cuda/gemm/trace.cuh"
 
 namespace ffn {
 // kernels/gemm.h's, declared here: that header's function ffn::cuda::gemm would clash with
 // this namespace.
 bool gemm_dynamic_order();
+bool gemm_multicast();
 }  // namespace ffn
 
 namespace ffn::cuda::gemm {
@@ -60,8 +62,10 @@ template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi>
 __global__ void __launch_bounds__(384, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                 const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
-                TileScheduler sched, Epi epi) {
+                TileScheduler sched_in, Epi epi) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
+  TileScheduler sched = sched_in;
+  sched.cluster = 1;  // a constant: unit() without the pairs of Note [Operand multicast]
   using ML = Mainloop<T, BN, STAGES, 8, A_MN, B_MN>;
   constexpr int kScratch = Epi::template kScratchBytes<BN, 64>;
   extern __shared__ uint8_t smem_raw[];
@@ -109,8 +113,10 @@ __global__ void __launch_bounds__(384, 1)
     gemm_pingpong_kernel(const __grid_constant__ CUtensorMap ta,
                          const __grid_constant__ CUtensorMap tb,
                          const __grid_constant__ CUtensorMap tc,
-                         const __grid_constant__ CUtensorMap tc2, TileScheduler sched, Epi epi) {
+                         const __grid_constant__ CUtensorMap tc2, TileScheduler sched_in, Epi epi) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
+  TileScheduler sched = sched_in;
+  sched.cluster = 1;  // a constant: unit() without the pairs of Note [Operand multicast]
   using ML = Mainloop<T, BN, STAGES, 4, A_MN, B_MN>;
   constexpr int kScratch = Epi::template kScratchBytes<BN, 128>;
   extern __shared__ uint8_t smem_raw[];
@@ -160,17 +166,22 @@ __global__ void __launch_bounds__(384, 1)
 // or dz2), B K-major in the forward (W1 as [h, d]) and MN-major in the backward (W2 as
 // [d, h]). tc: z or dz; tc2: hd; tz: the saved z (backward).
 // The units come in Note [Dynamic unit order] (kDynamic: the producer thread takes them from
-// `units`) or in the static order (StaticUnits).
-template <class T, int STAGES, Activation A, bool kBackward, bool kGlu, bool kDynamic>
+// `units`) or in the static order (StaticUnits). kCluster = 2 (static order only): clusters of
+// two CTAs share A's tiles (Note [Operand multicast]; ta's boxes are then 64 rows).
+template <class T, int STAGES, Activation A, bool kBackward, bool kGlu, bool kDynamic, int kCluster>
 __global__ void __launch_bounds__(512, 1)
     gemm_act_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
-                    TileScheduler sched, UnitCounter units,
+                    TileScheduler sched_in, UnitCounter units,
                     ActWarpgroup<T, A, kBackward, kGlu, kDynamic> act) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
-  using ML = Mainloop<T, 128, STAGES, 4, false, kBackward>;
+  static_assert(kCluster == 1 || !kDynamic, "multicast runs in the static order");
+  using ML = Mainloop<T, 128, STAGES, 4, false, kBackward, kCluster>;
   using SH = ActShared<kBackward, kGlu, kDynamic>;
   extern __shared__ uint8_t smem_raw[];
+  TileScheduler sched = sched_in;  // cluster and rank as constants where they are
+  sched.cluster = kCluster;
+  sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
   const ML ml = ML::carve(smem_raw, SH::kBytes);
   const SH sh = SH::carve(ml.scratch);
   const auto ring = sh.ring(sched);
@@ -180,7 +191,12 @@ __global__ void __launch_bounds__(512, 1)
     ring.init();
     ml.init_barriers();  // ends with fence_barrier_init
   }
-  __syncthreads();
+  // With multicast the partner's barriers must be initialised before this CTA's first load
+  // signals them or its consumers arrive on them.
+  if constexpr (kCluster == 2)
+    cluster_sync();
+  else
+    __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<40>();
@@ -192,7 +208,7 @@ __global__ void __launch_bounds__(512, 1)
       int u = ring.take(units, 0, sched.num_units());
       for (int k = 0; u >= 0; ++k) {
         const int after = ring.take(units, k + 1, sched.num_units());
-        ml.produce_unit(&ta, &tb, sched.unit(u), stage, phase, kGlu && !kBackward ? act.n : 0);
+        ml.produce_unit(&ta, &tb, sched.unit(u), stage, phase, kGlu && !kBackward ? act.n : 0, k);
         u = after;
       }
     }
@@ -206,18 +222,25 @@ __global__ void __launch_bounds__(512, 1)
       const int u = ring.at(j);
       if (u < 0) break;
       const Unit un = sched.unit(u);
-      ml.consume_tile(acc0, acc1, un.kbs, stage, phase);
+      if (wg_thread == 0) trace::mark(0, j);
+      ml.consume_tile(acc0, acc1, un.kbs, stage, phase, j);
+      if (wg_thread == 0) trace::mark(1, j);
       const int b = j & 1;
       if (j >= 2) named_barrier_sync(SH::empty_barrier(b), SH::kHandoff);  // tile j - 2's read
+      if (wg_thread == 0) trace::mark(2, j);
       stage_block<T>(acc0, sh.staged(b), 0, wg_thread);
       stage_block<T>(acc1, sh.staged(b), 1, wg_thread);
       fence_proxy_async_smem();  // the forward's z leaves by TMA straight from here
       named_barrier_arrive(SH::full_barrier(b), SH::kHandoff);
+      if (wg_thread == 0) trace::mark(3, j);
     }
   } else {
     regs_dealloc<120>();
     act.run(wg - 2, sh, sched, &tc, &tc2);
   }
+  // Multicast: the partner still loads into this CTA's stages and arrives on its barriers
+  // until it is done; neither CTA's shared memory may go before both are.
+  if constexpr (kCluster == 2) cluster_sync();
 #endif
 }
 
@@ -314,32 +337,63 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
 // 2h].
 // The units' order (Note [Dynamic unit order]): dynamic under gemm_dynamic_order()
 // (kernels/gemm.h: data parallelism), else static.
-template <class T, Activation A, bool kBackward, bool kGlu, bool kDynamic>
+// The activation GEMM's column tiles: 128 columns, or the GLU forward's 64-column blocks.
+template <bool kBackward, bool kGlu>
+int act_tiles_n(int n) {
+  return kGlu && !kBackward ? n / 64 : (n + 127) / 128;
+}
+
+template <class T, Activation A, bool kBackward, bool kGlu, bool kDynamic, int kCluster>
 void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
                    const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part) {
   constexpr int kStage = 2 * 128 * 64 * 2;
   constexpr int kStages =
       std::min(6, (232448 - 1024 - 256 - ActShared<kBackward, kGlu, kDynamic>::kBytes) / kStage);
   static_assert(kStages >= 3, "the activation warpgroup's tiles leave too little of a ring");
-  using ML = Mainloop<T, 128, kStages, 4, false, kBackward>;
+  using ML = Mainloop<T, 128, kStages, 4, false, kBackward, kCluster>;
   const int dev = a.device().index;
   DeviceGuard guard(dev);
   const int m = static_cast<int>(out.size(0));
   const int n = static_cast<int>(kGlu ? hd.size(1) : out.size(1));  // kGlu: h
   const int k = static_cast<int>(a.size(1));
-  const CUtensorMap ta = tensor_map(a, ML::BM), tb = tensor_map(b, kBackward || kGlu ? 64 : 128);
+  // Multicast (Note [Operand multicast]) loads A as two 64-row halves.
+  const CUtensorMap ta = tensor_map(a, ML::BM / kCluster),
+                    tb = tensor_map(b, kBackward || kGlu ? 64 : 128);
   const CUtensorMap tc = tensor_map(out, 64);
   const CUtensorMap tc2 = kBackward ? CUtensorMap{} : tensor_map(hd, 64);
-  const TileScheduler sched{(m + 127) / 128, kGlu && !kBackward ? n / 64 : (n + 127) / 128,
-                            (k + 63) / 64, 1};
-  auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic>;
+  TileScheduler sched{(m + 127) / 128, act_tiles_n<kBackward, kGlu>(n) / kCluster, (k + 63) / 64,
+                      1};
+  sched.cluster = kCluster;
+  auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic, kCluster>;
   const int smem = ML::smem_bytes(ActShared<kBackward, kGlu, kDynamic>::kBytes);
   const UnitCounter units = kDynamic ? unit_counter(dev) : UnitCounter{};
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute cluster_dim{};
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim.x = kCluster;
+  cluster_dim.val.clusterDim.y = 1;
+  cluster_dim.val.clusterDim.z = 1;
+  cfg.blockDim = dim3(512);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream(dev);
+  cfg.attrs = &cluster_dim;
+  cfg.numAttrs = 1;
+  // The persistent grid: one CTA an SM, or as many clusters as can be resident at once.
   static std::once_flag once[8];
+  static int resident[8];
   std::call_once(once[dev % 8], [&] {
     FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    resident[dev % 8] = properties(dev).multiProcessorCount;
+    if constexpr (kCluster > 1) {
+      cfg.gridDim = dim3(static_cast<unsigned>(resident[dev % 8]));
+      int clusters = 0;
+      FFN_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+      FFN_CHECK(clusters > 0, "[sm90_gemm] no cluster of ", kCluster,
+                " activation-GEMM CTAs fits on device ", dev);
+      resident[dev % 8] = clusters * kCluster;
+    }
   });
-  const int grid = std::min(sched.num_units(), properties(dev).multiProcessorCount);
+  const int grid = std::min(sched.num_units() * kCluster, resident[dev % 8]);
   ActWarpgroup<T, A, kBackward, kGlu, kDynamic> act{bias, m, n, db_part};
   act.mask = mask;
   if constexpr (kBackward) {
@@ -347,17 +401,68 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
     act.hd = static_cast<T*>(hd.data_ptr());
     if constexpr (kGlu) act.dz = static_cast<T*>(out.data_ptr());
   }
-  kernel<<<grid, 512, smem, stream(dev)>>>(ta, tb, tc, tc2, sched, units, act);
-  FFN_CHECK_CUDA(cudaGetLastError());
+#if defined(FFN_GEMM_TRACE)
+  static int launches = 0;
+  static unsigned long long* dbuf = nullptr;
+  const char* every_env = std::getenv("FFN_GEMM_TRACE_EVERY");
+  const int every = every_env ? std::max(1, std::atoi(every_env)) : 20;
+  const bool traced = ++launches % every == 0;
+  const size_t words = static_cast<size_t>(trace::kCtas) * trace::kTiles * trace::kSlots;
+  if (traced && !dbuf) FFN_CHECK_CUDA(cudaMalloc(&dbuf, words * 8));
+  if (traced) FFN_CHECK_CUDA(cudaMemsetAsync(dbuf, 0, words * 8, stream(dev)));
+  unsigned long long* tp = traced ? dbuf : nullptr;
+  FFN_CHECK_CUDA(cudaMemcpyToSymbolAsync(trace::g_buf, &tp, sizeof(tp), 0, cudaMemcpyHostToDevice,
+                                         stream(dev)));
+#endif
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  FFN_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, ta, tb, tc, tc2, sched, units, act));
+#if defined(FFN_GEMM_TRACE)
+  if (traced) {
+    std::vector<unsigned long long> host(words);
+    FFN_CHECK_CUDA(cudaStreamSynchronize(stream(dev)));
+    FFN_CHECK_CUDA(cudaMemcpy(host.data(), dbuf, words * 8, cudaMemcpyDeviceToHost));
+    char what[160];
+    std::snprintf(what, sizeof what, "%s%s m %d n %d k %d%s%s", kBackward ? "bwd" : "fwd",
+                  kGlu ? " glu" : "", m, n, k, mask.active ? " dropout" : "", db_part ? " db" : "");
+    trace::summarize(host, grid, what);
+  }
+#endif
 }
 
+// Whether the activation kernel runs in clusters sharing A (Note [Operand multicast]): in the
+// static order, where the column tiles pair up, and where its mainloop rather than its
+// activation warps is the bound: every forward, and the plain backward from K = 2048 on.
+// Measured (H100, session 31, ffn-bench --act-epilogues, 0.2 s windows, alternated twice,
+// ms without -> with): forward ffn_d4096 2.31 -> 1.97, geglu_d2048 2.32 -> 1.98, geglu_d1024
+// 0.571 -> 0.540, ffn_d1024 0.288 -> 0.277, gpt2's fc1 0.181 -> 0.175; backward with db
+// ffn_d4096 (K = 4096) 2.43 -> 2.10, but at K <= 1024 (ffn_d1024, gpt2) within noise either
+// way and the GLU's 1.357 -> 1.422 (geglu_d2048, K = 2048) and 0.465 -> 0.470: where the
+// activation warps are the bound, the pair's rings in lockstep make each CTA wait for the
+// slower of the two.
+template <bool kBackward, bool kGlu>
+bool act_multicast(int n, int k) {
+  if (ffn::gemm_dynamic_order() || !ffn::gemm_multicast()) return false;
+  if (act_tiles_n<kBackward, kGlu>(n) % 2 != 0) return false;
+  return !kBackward || (!kGlu && k >= 2048);
+}
+
+// The order (Note [Dynamic unit order]) and multicast (act_multicast).
 template <class T, Activation A, bool kBackward, bool kGlu = false>
 void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
                 const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
-  if (ffn::gemm_dynamic_order())
-    launch_act_in<T, A, kBackward, kGlu, true>(a, b, out, hd, z, bias, mask, db_part);
-  else
-    launch_act_in<T, A, kBackward, kGlu, false>(a, b, out, hd, z, bias, mask, db_part);
+  const int n = static_cast<int>(kGlu ? hd.size(1) : out.size(1));
+  const int k = static_cast<int>(a.size(1));
+  if (ffn::gemm_dynamic_order()) {
+    launch_act_in<T, A, kBackward, kGlu, true, 1>(a, b, out, hd, z, bias, mask, db_part);
+    return;
+  }
+  if constexpr (!(kBackward && kGlu)) {  // the GLU's backward never runs in clusters
+    if (act_multicast<kBackward, kGlu>(n, k)) {
+      launch_act_in<T, A, kBackward, kGlu, false, 2>(a, b, out, hd, z, bias, mask, db_part);
+      return;
+    }
+  }
+  launch_act_in<T, A, kBackward, kGlu, false, 1>(a, b, out, hd, z, bias, mask, db_part);
 }
 
 }  // namespace ffn::cuda::gemm

@@ -20,17 +20,44 @@
 // (TileScheduler), so the producer runs ahead into the next tile while the consumers finish
 // the epilogue of the current one. A unit (TileScheduler) is a tile or, with split-K, a
 // range of its K blocks (Note [Split-K]); the consumers accumulate only that range.
+//
+// Note [Operand multicast]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A 128×128 tile reads 32 KiB of A and B per k-block (64 FLOP a byte); all SMs doing so at
+// the tensor cores' rate ask L2 for ~14 TB/s. Per-tile timestamps of the activation GEMM
+// (kernels/cuda/gemm/trace.cuh, H100, session 31) showed its k-blocks issued one every ~600
+// cycles (85% of the tensor rate) and a stage's load taking ~3000 cycles from the producer's
+// issue to the consumer's use: the ring's 5 stages (2560 cycles of MMAs) did not cover the
+// latency under that traffic. With kCluster = 2 two CTAs of a cluster compute tiles (tm, 2q)
+// and (tm, 2q + 1), which share A's rows: each loads one 64-row half of the A tile and
+// multicasts it into both CTAs' stage (the same offsets, so the two halves make the same
+// swizzled image as one 128-row box), and loads its own B; L2 serves 24 KiB a k-block
+// instead of 32. Each CTA's full[s] still expects the whole stage (its own half, the
+// partner's half and its B, in any order), and the partner writes into this CTA's stage s,
+// so a stage is free only when both CTAs' consumers have read it: empty[s] counts the
+// consumer warps of both (each lane 0 arrives on its own barrier and, across the cluster,
+// on the partner's). Both CTAs walk the same units (TileScheduler::cluster) with the same
+// k-blocks, so their rings stay in step. A (K-major here) must be loaded through a map of
+// 64-row boxes; B is unchanged. The partner's arrive is at CTA scope like the local one: with
+// .release.cluster each arriving lane stalled ~1000 cycles, and the kernels ran 1.6x slower
+// than without multicast (session 31, call 3). Where it runs: act_multicast (kernel.cuh),
+// which has the measurements; the plain GEMM kernels do not use it yet.
 #pragma once
 
 #include "kernels/cuda/gemm/sm90.cuh"
 #include "kernels/cuda/gemm/tile_scheduler.cuh"
+#include "kernels/cuda/gemm/trace.cuh"
 #include "kernels/cuda/gemm/wgmma.cuh"
 
 namespace ffn::cuda::gemm {
 
-template <class T, int BN_, int STAGES, int ARRIVALS = 8, bool A_MN = false, bool B_MN = false>
+template <class T, int BN_, int STAGES, int ARRIVALS = 8, bool A_MN = false, bool B_MN = false,
+          int CLUSTER = 1>
 struct Mainloop {
   static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
+  // Note [Operand multicast]: 2 shares A's tile between the cluster's two CTAs.
+  static constexpr int kCluster = CLUSTER;
+  static_assert(kCluster == 1 || (kCluster == 2 && !A_MN), "A multicast needs a K-major A");
   static constexpr int kBoxBytes = 64 * BK * 2;  // one MN-major box: 64 K rows × 128 bytes
   // Descriptor increments (16-byte units) per 16 elements of K: 32 bytes along a K-major
   // row, 16 rows of 128 bytes in an MN-major box.
@@ -90,7 +117,7 @@ struct Mainloop {
   __device__ void init_barriers() const {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&empty[s], kConsumerWarps * kCluster);
     }
     mbar_init(&order[0], 1);
     mbar_init(&order[1], 1);
@@ -109,11 +136,19 @@ struct Mainloop {
   }
   // Unit w's k-blocks, from ring position (stage, phase) on.
   __device__ void produce_unit(const CUtensorMap* ta, const CUtensorMap* tb, const Unit& w,
-                               int& stage, uint32_t& phase, int glu_h = 0) const {
+                               int& stage, uint32_t& phase, int glu_h = 0, int tj = -1) const {
     for (int kb = w.kb0; kb < w.kb0 + w.kbs; ++kb) {
       mbar_wait(&empty[stage], phase ^ 1);
+      if (tj >= 0 && kb == w.kb0) trace::mark(14, tj);
+      if (tj >= 0 && kb == w.kb0 + w.kbs - 1) trace::mark(15, tj);
       mbar_arrive_expect_tx(&full[stage], kStageBytes);
-      load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, w.tm * BM);
+      if constexpr (kCluster == 2) {  // this CTA's half of A, into both CTAs
+        const uint32_t rank = cluster_ctarank();
+        tma_load_2d_multicast(a_tile(stage) + rank * (BM / 2) * BK * 2, ta, &full[stage], kb * BK,
+                              w.tm * BM + static_cast<int>(rank) * (BM / 2), 0x3);
+      } else {
+        load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, w.tm * BM);
+      }
       if constexpr (!B_MN && BN == 128) {
         if (glu_h > 0) {
           tma_load_2d(b_tile(stage), tb, &full[stage], kb * BK, w.tn * 64);
@@ -125,6 +160,13 @@ struct Mainloop {
       load<B_MN, BN>(b_tile(stage), tb, &full[stage], kb, w.tn * BN);
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
+  }
+
+  // A consumer warp's lane 0: the warp's MMAs have read stage s (with multicast, in both
+  // CTAs' barriers: the partner loads into this CTA's stage too).
+  __device__ __forceinline__ void release(int s) const {
+    mbar_arrive(&empty[s]);
+    if constexpr (kCluster == 2) mbar_arrive_cluster(&empty[s], cluster_ctarank() ^ 1u);
   }
 
   // One consumer warpgroup (c = 0 or 1) accumulates rows [64c, 64c + 64) of a tile.
@@ -146,27 +188,28 @@ struct Mainloop {
       wgmma_commit();
       if (prev >= 0) {
         wgmma_wait<1>();
-        if (lane == 0) mbar_arrive(&empty[prev]);
+        if (lane == 0) release(prev);
       }
       prev = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
     wgmma_wait<0>();
     fence_accumulators(acc);
-    if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+    if (prev >= 0 && lane == 0) release(prev);
   }
 
   // Ping-pong (Note [Hopper GEMM ping-pong]): one warpgroup accumulates a whole 128-row tile,
   // rows [0, 64) in acc0 and [64, 128) in acc1.
   template <int R>
   __device__ void consume_tile(float (&acc0)[R], float (&acc1)[R], int k_blocks, int& stage,
-                               uint32_t& phase) const {
+                               uint32_t& phase, int tj = -1) const {
     using Mma = Wgmma<BN, T>;
     static_assert(Mma::kRegs == R, "accumulator size");
     const int lane = threadIdx.x % 32;
     int prev = -1;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
+      if (tj >= 0 && kb == 0 && threadIdx.x % 128 == 0) trace::mark(12, tj);
       const uint64_t da0 = a_desc(stage, 0), da1 = a_desc(stage, 1), db = b_desc(stage);
       wgmma_fence();
 #pragma unroll
@@ -178,15 +221,16 @@ struct Mainloop {
       wgmma_commit();
       if (prev >= 0) {
         wgmma_wait<1>();
-        if (lane == 0) mbar_arrive(&empty[prev]);
+        if (lane == 0) release(prev);
       }
       prev = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
+    if (tj >= 0 && threadIdx.x % 128 == 0) trace::mark(13, tj);
     wgmma_wait<0>();
     fence_accumulators(acc0);
     fence_accumulators(acc1);
-    if (prev >= 0 && lane == 0) mbar_arrive(&empty[prev]);
+    if (prev >= 0 && lane == 0) release(prev);
   }
 
   // The stages of a tile the other warpgroup consumes.

@@ -84,6 +84,29 @@ __device__ __forceinline__ void mbar_wait_idle(uint64_t* bar, uint32_t parity) {
   }
 }
 
+// --- clusters (Note [Operand multicast]) --------------------------------------------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of the cluster's CTAs that has not exited arrives (release) and waits for the
+// others (acquire); also a barrier over the CTA's own threads.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrives on the barrier at bar's offset in CTA `rank` of the cluster (the default .release
+// at CTA scope, as mbar_arrive: a .cluster-scope release stalled the arriving thread ~1000
+// cycles each time, session 31).
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "r"(rank)
+      : "memory");
+}
+
 // --- TMA ----------------------------------------------------------------------------------
 // Loads the box at (c0 = innermost coordinate, c1) of `map` into shared memory at `dst`;
 // completion (the bytes) is counted on `bar`. Out-of-bounds elements are filled with zeros.
@@ -93,6 +116,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+// tma_load_2d into the same shared-memory offset of every CTA of the cluster in `ctas` (a bit
+// per rank), each of whose barriers at bar's offset counts the bytes.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int c0, int c1,
+                                                      uint16_t ctas) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "h"(ctas)
       : "memory");
 }
 // The same for a 3-D map (c0 innermost): out-of-bounds elements along any dimension are zeros.

@@ -35,6 +35,11 @@ struct TileScheduler {
   int tiles_m, tiles_n;
   int k_blocks;    // K blocks of the whole product
   int splits = 1;  // 1 <= splits <= k_blocks
+  // Note [Operand multicast]: with cluster = 2 a unit is a pair of tiles (tm, 2q) and
+  // (tm, 2q + 1), tiles_n counts the pairs, and the CTA of cluster rank `rank` (set in the
+  // kernel) computes the pair's tile 2q + rank. The cluster's CTAs take the same units.
+  int cluster = 1;
+  int rank = 0;
 
   __host__ __device__ int num_tiles() const { return tiles_m * tiles_n; }
   __host__ __device__ int num_units() const { return num_tiles() * splits; }
@@ -53,6 +58,7 @@ struct TileScheduler {
     const int tiles = num_tiles();
     w.split = u / tiles;
     coords(u - w.split * tiles, w.tm, w.tn);
+    if (cluster == 2) w.tn = 2 * w.tn + rank;
     w.kb0 = static_cast<int>(static_cast<int64_t>(w.split) * k_blocks / splits);
     w.kbs = static_cast<int>(static_cast<int64_t>(w.split + 1) * k_blocks / splits) - w.kb0;
     return w;
@@ -168,14 +174,17 @@ struct UnitRing {
 };
 
 // The static order behind UnitRing's interface (Note [Dynamic unit order]): CTA b's k-th
-// unit is b + k·gridDim.x, known without waiting or shared memory. On a GPU of its own the
-// activation kernels run this way: the ring's handoffs cost them 2-10% there (ncu, session 30).
+// unit is b + k·gridDim.x, known without waiting or shared memory (with clusters of `per`
+// CTAs, Note [Operand multicast], the cluster's: b / per + k·gridDim.x / per). On a GPU of its
+// own the activation kernels run this way: the ring's handoffs cost them 2-10% there (ncu,
+// session 30).
 struct StaticUnits {
   static constexpr int kBytes = 0;
   int num_units;
+  int per = 1;
   __device__ void init() const {}
   __device__ int at(int k) const {
-    const int u = static_cast<int>(blockIdx.x) + k * static_cast<int>(gridDim.x);
+    const int u = static_cast<int>(blockIdx.x) / per + k * (static_cast<int>(gridDim.x) / per);
     return u < num_units ? u : -1;
   }
   __device__ int take(const UnitCounter&, int k, int) const { return at(k); }
