@@ -197,6 +197,50 @@ FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs
                     doctest::Contains("[sm90_gemm] splits must be >= 0"));
 }
 
+// Note [Operand multicast]: the plain kernels in clusters sharing A (K-major A, an even number
+// of column tiles) compute what they compute alone, bit for bit: both schedules, both B
+// layouts, split-K, rows past m in a partner's half of A; 1100 × 768 pairs at BN = 128 and not
+// at the cooperative kernel's BN = 256 (3 tiles).
+FFN_GPU_TEST("sm90 GEMM: clusters sharing A change no bits") {
+  Generator g(79);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  struct Restore {
+    bool was = gemm_multicast();
+    ~Restore() { set_gemm_multicast(was); }
+  } restore;
+  struct Case {
+    int64_t m, n, k;
+    int splits;
+  };
+  const Case cases[] = {{300, 512, 200, 1}, {1100, 768, 64, 1}, {129, 256, 1088, 5}};
+  for (const Case& cs : cases)
+    for (bool tb : {false, true})
+      for (cuda::Sm90Schedule sched : {cuda::Sm90Schedule::automatic, cuda::Sm90Schedule::pingpong,
+                                       cuda::Sm90Schedule::cooperative}) {
+        const int64_t m = cs.m, n = cs.n, k = cs.k;
+        const Tensor a = rand64({m, k}, g).to(DType::bf16).to(kGpu);
+        const Tensor b = (tb ? rand64({n, k}, g) : rand64({k, n}, g)).to(DType::bf16).to(kGpu);
+        const cuda::Sm90GemmArgs args{.trans_b = tb,
+                                      .bias = rand64({n}, g).to(DType::bf16).to(kGpu),
+                                      .schedule = sched,
+                                      .splits = cs.splits};
+        Tensor out[2];
+        for (int mc = 0; mc < 2; ++mc) {
+          set_gemm_multicast(mc == 1);
+          out[mc] = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
+          cuda::sm90_gemm(a, b, out[mc], args);
+        }
+        const std::string what = std::string("sm90 clusters ") + layout_name(false, tb) + " m" +
+                                 std::to_string(m) + " n" + std::to_string(n) + " k" +
+                                 std::to_string(k) + " splits " + std::to_string(cs.splits) +
+                                 " schedule " + std::to_string(static_cast<int>(sched));
+        CHECK_MESSAGE(equal_and_written(out[0], out[1]), what);
+      }
+}
+
 // Note [Own GEMM in gemm()]: gemm() runs the own GEMM where the mode says so (always), or
 // where a choices file (Note [GEMM choices]) names one of its schedules; exactly the kernel
 // sm90_gemm runs with that schedule, bit for bit. A call the own GEMM does not take (beta =

@@ -40,6 +40,8 @@ namespace ffn::cuda::gemm {
 // Both schedules start alike: barriers set up, then warpgroup 0 gives its registers away and
 // becomes the producer (one thread issues every TMA load; returns false), and the consumer
 // warpgroups take theirs (setmaxnreg; HOPPER.md).
+// With multicast (Note [Operand multicast]) the partner's barriers must be initialised before
+// this CTA's first load signals them or its consumers arrive on them: a cluster-wide barrier.
 template <class ML>
 __device__ __forceinline__ bool enter_consumer(const ML& ml, const CUtensorMap* ta,
                                                const CUtensorMap* tb, const TileScheduler& sched) {
@@ -48,7 +50,10 @@ __device__ __forceinline__ bool enter_consumer(const ML& ml, const CUtensorMap* 
     prefetch_tensor_map(tb);
     ml.init_barriers();
   }
-  __syncthreads();
+  if constexpr (ML::kCluster == 2)
+    cluster_sync();
+  else
+    __syncthreads();
   if (threadIdx.x / 128 == 0) {
     regs_dealloc<40>();
     if (threadIdx.x == 0) ml.produce(ta, tb, sched);
@@ -58,15 +63,20 @@ __device__ __forceinline__ bool enter_consumer(const ML& ml, const CUtensorMap* 
   return true;
 }
 
-template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi>
+// kCluster = 2: clusters of two CTAs share A's tiles (Note [Operand multicast]; K-major A, ta's
+// boxes 64 rows). The kernels end with a cluster-wide barrier then: the partner loads into this
+// CTA's stages and arrives on its barriers until it is done. The producer warpgroup exits early
+// (its threads no longer count for the barrier).
+template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1>
 __global__ void __launch_bounds__(384, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                 const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
                 TileScheduler sched_in, Epi epi) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
-  TileScheduler sched = sched_in;
-  sched.cluster = 1;  // a constant: unit() without the pairs of Note [Operand multicast]
-  using ML = Mainloop<T, BN, STAGES, 8, A_MN, B_MN>;
+  TileScheduler sched = sched_in;  // cluster and rank as constants where they are
+  sched.cluster = kCluster;
+  sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
+  using ML = Mainloop<T, BN, STAGES, 8, A_MN, B_MN, kCluster>;
   constexpr int kScratch = Epi::template kScratchBytes<BN, 64>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, 2 * kScratch);
@@ -83,7 +93,7 @@ __global__ void __launch_bounds__(384, 1)
   ctx.scratch = ml.scratch + c * kScratch;
   ctx.c_map = &tc;
   ctx.c2_map = &tc2;
-  for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x) {
+  for (int u = sched.first_unit(); u < sched.num_units(); u += sched.unit_stride()) {
     const Unit w = sched.unit(u);
     ml.consume(acc, c, w.kbs, stage, phase);
     // The accumulator layout of wgmma.cuh: rows 16·warp + lane/4 (+8), columns
@@ -96,6 +106,7 @@ __global__ void __launch_bounds__(384, 1)
     epi.tile(acc, ctx);
   }
   epilogue_drain(ctx);
+  if constexpr (kCluster == 2) cluster_sync();
 #endif
 }
 
@@ -108,16 +119,17 @@ __global__ void __launch_bounds__(384, 1)
 // turns (Mainloop::order barriers): warpgroup w starts tile j's only after the other has
 // finished tile j - 1's, so while one warpgroup stores a tile, the other's MMAs run. Stages
 // are released by 4 warps (one warpgroup).
-template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi>
+template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1>
 __global__ void __launch_bounds__(384, 1)
     gemm_pingpong_kernel(const __grid_constant__ CUtensorMap ta,
                          const __grid_constant__ CUtensorMap tb,
                          const __grid_constant__ CUtensorMap tc,
                          const __grid_constant__ CUtensorMap tc2, TileScheduler sched_in, Epi epi) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
-  TileScheduler sched = sched_in;
-  sched.cluster = 1;  // a constant: unit() without the pairs of Note [Operand multicast]
-  using ML = Mainloop<T, BN, STAGES, 4, A_MN, B_MN>;
+  TileScheduler sched = sched_in;  // cluster and rank as constants where they are
+  sched.cluster = kCluster;
+  sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
+  using ML = Mainloop<T, BN, STAGES, 4, A_MN, B_MN, kCluster>;
   constexpr int kScratch = Epi::template kScratchBytes<BN, 128>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, 2 * kScratch);
@@ -136,7 +148,7 @@ __global__ void __launch_bounds__(384, 1)
   ctx.scratch = ml.scratch + w * kScratch;
   ctx.c_map = &tc;
   ctx.c2_map = &tc2;
-  for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x, ++j) {
+  for (int u = sched.first_unit(); u < sched.num_units(); u += sched.unit_stride(), ++j) {
     const Unit un = sched.unit(u);
     if ((j & 1) != w) {
       ML::skip(un.kbs, stage, phase);
@@ -159,6 +171,7 @@ __global__ void __launch_bounds__(384, 1)
     epilogue_tile2(epi, acc0, acc1, ctx);
   }
   epilogue_drain(ctx);
+  if constexpr (kCluster == 2) cluster_sync();
 #endif
 }
 
@@ -262,37 +275,85 @@ struct StoresWithTma<StoreCTma<T, ROPE>> : std::true_type {};
 template <class T, Activation A, bool B>
 struct StoresWithTma<ActTma<T, A, B>> : std::true_type {};
 
-// c2: the second output of a two-output epilogue (ActTma), else null.
-template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi>
+// Launches kKernel (`threads` threads, `smem` bytes of dynamic shared memory) as a persistent
+// grid over `units` units in clusters of kCluster CTAs (Note [Operand multicast]): one CTA an
+// SM, or as many clusters as can be resident at once. The shared-memory attribute and that
+// count are set up once per kernel and device.
+template <auto kKernel, int kCluster, class... Args>
+void launch_persistent(int threads, int smem, int units, int dev, const Args&... args) {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute cluster_dim{};
+  cluster_dim.id = cudaLaunchAttributeClusterDimension;
+  cluster_dim.val.clusterDim.x = kCluster;
+  cluster_dim.val.clusterDim.y = 1;
+  cluster_dim.val.clusterDim.z = 1;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream(dev);
+  cfg.attrs = &cluster_dim;
+  cfg.numAttrs = 1;
+  static std::once_flag once[8];
+  static int resident[8];
+  std::call_once(once[dev % 8], [&] {
+    FFN_CHECK_CUDA(
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    resident[dev % 8] = properties(dev).multiProcessorCount;
+    if constexpr (kCluster > 1) {
+      cfg.gridDim = dim3(static_cast<unsigned>(resident[dev % 8]));
+      int clusters = 0;
+      FFN_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kKernel, &cfg));
+      FFN_CHECK(clusters > 0, "[sm90_gemm] no cluster of ", kCluster, " CTAs fits on device ", dev);
+      resident[dev % 8] = clusters * kCluster;
+    }
+  });
+  cfg.gridDim = dim3(static_cast<unsigned>(std::min(units * kCluster, resident[dev % 8])));
+  FFN_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kKernel, args...));
+}
+
+// c2: the second output of a two-output epilogue (ActTma), else null. kCluster = 2: A's tiles
+// shared in clusters (Note [Operand multicast]; K-major A, an even number of column tiles).
+template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi,
+          int kCluster = 1>
 void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, int splits,
             const Tensor* c2) {
-  using ML = Mainloop<T, BN, STAGES, PINGPONG ? 4 : 8, A_MN, B_MN>;
+  using ML = Mainloop<T, BN, STAGES, PINGPONG ? 4 : 8, A_MN, B_MN, kCluster>;
   const int dev = a.device().index;
   DeviceGuard guard(dev);
   const int m = static_cast<int>(c.size(0)), n = static_cast<int>(c.size(1));
   const int k = static_cast<int>(A_MN ? a.size(0) : a.size(1));
-  // K-major operands load as one box of 128 (BN) rows, MN-major ones as 64-row boxes.
-  const CUtensorMap ta = tensor_map(a, A_MN ? 64 : ML::BM), tb = tensor_map(b, B_MN ? 64 : BN);
+  // K-major operands load as one box of 128 (BN) rows (A: 64 with multicast), MN-major ones as
+  // 64-row boxes.
+  const CUtensorMap ta = tensor_map(a, A_MN ? 64 : ML::BM / kCluster),
+                    tb = tensor_map(b, B_MN ? 64 : BN);
   CUtensorMap tc{}, tc2{};
   if constexpr (StoresWithTma<Epi>::value) tc = tensor_map(c, 64);
   if (c2) tc2 = tensor_map(*c2, 64);
-  const TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN, (k + ML::BK - 1) / ML::BK,
-                            splits};
-  auto kernel = [] {
+  TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN / kCluster,
+                      (k + ML::BK - 1) / ML::BK, splits};
+  sched.cluster = kCluster;
+  constexpr auto kernel = [] {
     if constexpr (PINGPONG)
-      return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi>;
+      return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster>;
     else
-      return gemm_kernel<T, BN, STAGES, A_MN, B_MN, Epi>;
+      return gemm_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster>;
   }();
   const int smem = ML::smem_bytes(2 * Epi::template kScratchBytes<BN, PINGPONG ? 128 : 64>);
-  static std::once_flag once[8];
-  std::call_once(once[dev % 8], [&] {
-    FFN_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  });
-  const int grid = std::min(sched.num_units(), properties(dev).multiProcessorCount);
-  kernel<<<grid, 384, smem, stream(dev)>>>(ta, tb, tc, tc2, sched, epi);
-  FFN_CHECK_CUDA(cudaGetLastError());
+  launch_persistent<kernel, kCluster>(384, smem, sched.num_units(), dev, ta, tb, tc, tc2, sched,
+                                      epi);
+}
+
+// launch() in clusters sharing A where multicast is on and the column tiles pair up (K-major
+// A only), else alone.
+template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi>
+void launch_paired(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, int splits,
+                   const Tensor* c2) {
+  if constexpr (!A_MN) {
+    if (ffn::gemm_multicast() && ((c.size(1) + BN - 1) / BN) % 2 == 0) {
+      launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 2>(a, b, c, epi, splits, c2);
+      return;
+    }
+  }
+  launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 1>(a, b, c, epi, splits, c2);
 }
 
 // How a product is cut: schedule, tile width and split count.
@@ -321,11 +382,14 @@ template <class T, bool A_MN, bool B_MN, class Epi>
 void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi,
                    const Tiling& t, const Tensor* c2 = nullptr) {
   if (t.pingpong)
-    launch<T, 128, stages_for<Epi, 128, true>(), true, A_MN, B_MN>(a, b, c, epi, t.splits, c2);
+    launch_paired<T, 128, stages_for<Epi, 128, true>(), true, A_MN, B_MN>(a, b, c, epi, t.splits,
+                                                                          c2);
   else if (t.bn == 256)
-    launch<T, 256, stages_for<Epi, 256, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits, c2);
+    launch_paired<T, 256, stages_for<Epi, 256, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits,
+                                                                            c2);
   else
-    launch<T, 128, stages_for<Epi, 128, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits, c2);
+    launch_paired<T, 128, stages_for<Epi, 128, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits,
+                                                                            c2);
 }
 
 // Note [Activation warpgroup]: forward (a = x, b = W1 [h, d]: out = z) or backward (a = dz2,
@@ -364,36 +428,9 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
   TileScheduler sched{(m + 127) / 128, act_tiles_n<kBackward, kGlu>(n) / kCluster, (k + 63) / 64,
                       1};
   sched.cluster = kCluster;
-  auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic, kCluster>;
+  constexpr auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic, kCluster>;
   const int smem = ML::smem_bytes(ActShared<kBackward, kGlu, kDynamic>::kBytes);
   const UnitCounter units = kDynamic ? unit_counter(dev) : UnitCounter{};
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute cluster_dim{};
-  cluster_dim.id = cudaLaunchAttributeClusterDimension;
-  cluster_dim.val.clusterDim.x = kCluster;
-  cluster_dim.val.clusterDim.y = 1;
-  cluster_dim.val.clusterDim.z = 1;
-  cfg.blockDim = dim3(512);
-  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
-  cfg.stream = stream(dev);
-  cfg.attrs = &cluster_dim;
-  cfg.numAttrs = 1;
-  // The persistent grid: one CTA an SM, or as many clusters as can be resident at once.
-  static std::once_flag once[8];
-  static int resident[8];
-  std::call_once(once[dev % 8], [&] {
-    FFN_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    resident[dev % 8] = properties(dev).multiProcessorCount;
-    if constexpr (kCluster > 1) {
-      cfg.gridDim = dim3(static_cast<unsigned>(resident[dev % 8]));
-      int clusters = 0;
-      FFN_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-      FFN_CHECK(clusters > 0, "[sm90_gemm] no cluster of ", kCluster,
-                " activation-GEMM CTAs fits on device ", dev);
-      resident[dev % 8] = clusters * kCluster;
-    }
-  });
-  const int grid = std::min(sched.num_units() * kCluster, resident[dev % 8]);
   ActWarpgroup<T, A, kBackward, kGlu, kDynamic> act{bias, m, n, db_part};
   act.mask = mask;
   if constexpr (kBackward) {
@@ -414,8 +451,8 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
   FFN_CHECK_CUDA(cudaMemcpyToSymbolAsync(trace::g_buf, &tp, sizeof(tp), 0, cudaMemcpyHostToDevice,
                                          stream(dev)));
 #endif
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  FFN_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, ta, tb, tc, tc2, sched, units, act));
+  launch_persistent<kernel, kCluster>(512, smem, sched.num_units(), dev, ta, tb, tc, tc2, sched,
+                                      units, act);
 #if defined(FFN_GEMM_TRACE)
   if (traced) {
     std::vector<unsigned long long> host(words);
@@ -424,7 +461,7 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
     char what[160];
     std::snprintf(what, sizeof what, "%s%s m %d n %d k %d%s%s", kBackward ? "bwd" : "fwd",
                   kGlu ? " glu" : "", m, n, k, mask.active ? " dropout" : "", db_part ? " db" : "");
-    trace::summarize(host, grid, what);
+    trace::summarize(host, trace::kCtas, what);  // CTAs that ran no tile are skipped
   }
 #endif
 }

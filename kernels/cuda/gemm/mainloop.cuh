@@ -131,7 +131,7 @@ struct Mainloop {
                           int glu_h = 0) const {
     int stage = 0;
     uint32_t phase = 0;
-    for (int u = blockIdx.x; u < sched.num_units(); u += gridDim.x)
+    for (int u = sched.first_unit(); u < sched.num_units(); u += sched.unit_stride())
       produce_unit(ta, tb, sched.unit(u), stage, phase, glu_h);
   }
   // Unit w's k-blocks, from ring position (stage, phase) on.

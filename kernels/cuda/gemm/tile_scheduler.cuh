@@ -42,6 +42,10 @@ struct TileScheduler {
   int rank = 0;
 
   __host__ __device__ int num_tiles() const { return tiles_m * tiles_n; }
+  // The persistent stride: CTA b takes units b, b + gridDim.x, ...; in clusters (cluster = 2)
+  // the cluster's CTAs take the same units, b / 2 + k·gridDim.x / 2.
+  __device__ int first_unit() const { return static_cast<int>(blockIdx.x) / cluster; }
+  __device__ int unit_stride() const { return static_cast<int>(gridDim.x) / cluster; }
   __host__ __device__ int num_units() const { return num_tiles() * splits; }
   // Tile t → (tile row, tile column).
   __device__ __forceinline__ void coords(int t, int& tm, int& tn) const {
