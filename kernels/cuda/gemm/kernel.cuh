@@ -392,6 +392,12 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
                                                                             c2);
 }
 
+// The activation GEMM's column tiles: 128 columns, or the GLU forward's 64-column blocks.
+template <bool kBackward, bool kGlu>
+int act_tiles_n(int n) {
+  return kGlu && !kBackward ? n / 64 : (n + 127) / 128;
+}
+
 // Note [Activation warpgroup]: forward (a = x, b = W1 [h, d]: out = z) or backward (a = dz2,
 // b = W2 [d, h], z the saved z: out = dz); hd the second output.
 // db_part (backward, optional): [tiles_m, n] fp32 column sums of dz per 128-row tile; mask:
@@ -400,13 +406,8 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
 // saved [m, 2h], out = dz [m, 2h], hd = the recomputed GLU output [m, h], db_part [tiles_m,
 // 2h].
 // The units' order (Note [Dynamic unit order]): dynamic under gemm_dynamic_order()
-// (kernels/gemm.h: data parallelism), else static.
-// The activation GEMM's column tiles: 128 columns, or the GLU forward's 64-column blocks.
-template <bool kBackward, bool kGlu>
-int act_tiles_n(int n) {
-  return kGlu && !kBackward ? n / 64 : (n + 127) / 128;
-}
-
+// (kernels/gemm.h: data parallelism), else static; kCluster = 2 in clusters sharing A
+// (act_multicast below).
 template <class T, Activation A, bool kBackward, bool kGlu, bool kDynamic, int kCluster>
 void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
                    const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part) {
