@@ -137,7 +137,7 @@ struct ActShared {
     if constexpr (kDynamic)
       return Ring::carve(base + kBuffers * kTileBytes + kRedBytes);
     else
-      return Ring{sched.num_units(), sched.cluster};
+      return Ring{sched};
   }
 };
 

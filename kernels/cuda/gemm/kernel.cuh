@@ -441,28 +441,16 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
   }
 #if defined(FFN_GEMM_TRACE)
   static int launches = 0;
-  static unsigned long long* dbuf = nullptr;
-  const char* every_env = std::getenv("FFN_GEMM_TRACE_EVERY");
-  const int every = every_env ? std::max(1, std::atoi(every_env)) : 20;
-  const bool traced = ++launches % every == 0;
-  const size_t words = static_cast<size_t>(trace::kCtas) * trace::kTiles * trace::kSlots;
-  if (traced && !dbuf) FFN_CHECK_CUDA(cudaMalloc(&dbuf, words * 8));
-  if (traced) FFN_CHECK_CUDA(cudaMemsetAsync(dbuf, 0, words * 8, stream(dev)));
-  unsigned long long* tp = traced ? dbuf : nullptr;
-  FFN_CHECK_CUDA(cudaMemcpyToSymbolAsync(trace::g_buf, &tp, sizeof(tp), 0, cudaMemcpyHostToDevice,
-                                         stream(dev)));
+  unsigned long long* traced = trace::arm(launches, stream(dev));
 #endif
   launch_persistent<kernel, kCluster>(512, smem, sched.num_units(), dev, ta, tb, tc, tc2, sched,
                                       units, act);
 #if defined(FFN_GEMM_TRACE)
   if (traced) {
-    std::vector<unsigned long long> host(words);
-    FFN_CHECK_CUDA(cudaStreamSynchronize(stream(dev)));
-    FFN_CHECK_CUDA(cudaMemcpy(host.data(), dbuf, words * 8, cudaMemcpyDeviceToHost));
     char what[160];
     std::snprintf(what, sizeof what, "%s%s m %d n %d k %d%s%s", kBackward ? "bwd" : "fwd",
                   kGlu ? " glu" : "", m, n, k, mask.active ? " dropout" : "", db_part ? " db" : "");
-    trace::summarize(host, trace::kCtas, what);  // CTAs that ran no tile are skipped
+    trace::report(traced, stream(dev), what);
   }
 #endif
 }

@@ -177,18 +177,18 @@ struct UnitRing {
   }
 };
 
-// The static order behind UnitRing's interface (Note [Dynamic unit order]): CTA b's k-th
-// unit is b + k·gridDim.x, known without waiting or shared memory (with clusters of `per`
-// CTAs, Note [Operand multicast], the cluster's: b / per + k·gridDim.x / per). On a GPU of its
-// own the activation kernels run this way: the ring's handoffs cost them 2-10% there (ncu,
-// session 30).
+// The static order behind UnitRing's interface (Note [Dynamic unit order]): the k-th unit is
+// TileScheduler's first_unit() + k·unit_stride(), known without waiting or shared memory. On a
+// GPU of its own the activation kernels run this way: the ring's handoffs cost them 2-10%
+// there (ncu, session 30).
 struct StaticUnits {
   static constexpr int kBytes = 0;
-  int num_units;
-  int per = 1;
+  int num_units, first, stride;
+  __device__ explicit StaticUnits(const TileScheduler& s)
+      : num_units(s.num_units()), first(s.first_unit()), stride(s.unit_stride()) {}
   __device__ void init() const {}
   __device__ int at(int k) const {
-    const int u = static_cast<int>(blockIdx.x) / per + k * (static_cast<int>(gridDim.x) / per);
+    const int u = first + k * stride;
     return u < num_units ? u : -1;
   }
   __device__ int take(const UnitCounter&, int k, int) const { return at(k); }

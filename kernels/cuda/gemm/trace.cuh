@@ -2,9 +2,9 @@
 // warpgroup]) for finding where its time goes: compiled only with FFN_GEMM_TRACE defined
 // (never in a normal build; the marks are then empty). Each role's first thread records
 // clock64() at fixed points of every tile in the first kCtas CTAs; launch_act_in (kernel.cuh)
-// copies the records back after every FFN_GEMM_TRACE_EVERY-th launch (default 20) of each
-// kernel and prints one line to stderr: the consumer's period split into mainloop, wait for a
-// free staging buffer and staging, the activation warpgroups' into wait, release and work
+// arms the marks for every FFN_GEMM_TRACE_EVERY-th launch (default 20) of each kernel (arm)
+// and prints one line to stderr after it (report): the consumer's period split into mainloop, wait
+// for a free staging buffer and staging, the activation warpgroups' into wait, release and work
 // (the plain kernels' only: the GLU's loops carry no marks). Session 31 found Note [Operand
 // multicast] this way: put `#define FFN_GEMM_TRACE 1` first in sm90_gemm_act.cu, build
 // ffn-bench, run `FFN_GEMM_TRACE_EVERY=20 ffn-bench --act-epilogues --window-ms 0`.
@@ -12,10 +12,14 @@
 
 #include <cstdint>
 #if defined(FFN_GEMM_TRACE)
+#include <cuda_runtime.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "core/cuda/check.h"
 #endif
 
 namespace ffn::cuda::gemm::trace {
@@ -36,10 +40,10 @@ __device__ __forceinline__ void mark(int slot, int j) {
     b[(static_cast<int>(blockIdx.x) * kTiles + j) * kSlots + slot] = clock64();
 }
 
-// The records of one launch (grid CTAs, kCtas · kTiles · kSlots words) as one line: the mean
+// The records of one launch (kCtas · kTiles · kSlots words) as one line: the mean
 // cycles a tile of each role's phases over tiles 1 .. n - 2 of every traced CTA, and the
 // median and 90th percentile of the waits.
-inline void summarize(const std::vector<unsigned long long>& v, int grid, const char* what) {
+inline void summarize(const std::vector<unsigned long long>& v, const char* what) {
   struct Acc {
     std::vector<double> x;
     void add(double d) { x.push_back(d); }
@@ -57,7 +61,7 @@ inline void summarize(const std::vector<unsigned long long>& v, int grid, const 
   Acc period, main_, empty, stage, aperiod[2], await_[2], arel[2], awork[2], kernel;
   Acc first_full, issue, tail, lead, pspan;
   int tiles_max = 0;
-  for (int b = 0; b < std::min(grid, kCtas); ++b) {
+  for (int b = 0; b < kCtas; ++b) {  // CTAs that ran fewer than 4 tiles are skipped
     auto at = [&](int j, int s) {
       return static_cast<double>(v[(static_cast<size_t>(b) * kTiles + j) * kSlots + s]);
     };
@@ -102,6 +106,31 @@ inline void summarize(const std::vector<unsigned long long>& v, int grid, const 
                  c, aperiod[c].mean(), await_[c].mean(), await_[c].pct(0.5), await_[c].pct(0.9),
                  arel[c].mean(), awork[c].mean());
   std::fprintf(stderr, "\n");
+}
+
+// Host side, before a launch of one kernel (`launches` counts that kernel's launches): the
+// buffer its marks go to on every FFN_GEMM_TRACE_EVERY-th launch (default 20), else null.
+// Internal linkage, as g_buf: each translation unit traces its own kernels.
+static unsigned long long* arm(int& launches, cudaStream_t stream) {
+  static unsigned long long* buf = nullptr;
+  const char* every_env = std::getenv("FFN_GEMM_TRACE_EVERY");
+  const int every = every_env ? std::max(1, std::atoi(every_env)) : 20;
+  const bool traced = ++launches % every == 0;
+  const size_t bytes = sizeof(unsigned long long) * kCtas * kTiles * kSlots;
+  if (traced && !buf) FFN_CHECK_CUDA(cudaMalloc(&buf, bytes));
+  if (traced) FFN_CHECK_CUDA(cudaMemsetAsync(buf, 0, bytes, stream));
+  unsigned long long* p = traced ? buf : nullptr;
+  FFN_CHECK_CUDA(cudaMemcpyToSymbolAsync(g_buf, &p, sizeof(p), 0, cudaMemcpyHostToDevice, stream));
+  return p;
+}
+
+// After a traced launch: waits for it, copies the marks back and prints summarize()'s line.
+static void report(unsigned long long* buf, cudaStream_t stream, const char* what) {
+  std::vector<unsigned long long> host(static_cast<size_t>(kCtas) * kTiles * kSlots);
+  FFN_CHECK_CUDA(cudaStreamSynchronize(stream));
+  FFN_CHECK_CUDA(cudaMemcpy(host.data(), buf, host.size() * sizeof(unsigned long long),
+                            cudaMemcpyDeviceToHost));
+  summarize(host, what);
 }
 #else
 __device__ __forceinline__ void mark(int, int) {}
