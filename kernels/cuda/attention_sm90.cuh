@@ -8,7 +8,7 @@
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // The same math as the mma.sync kernels (attention.cu) in two persistent kernels: forward,
 // and a backward dk/dv that also computes dQ (Note [Attention backward in one pass],
-// attention_sm90_bwd.cu, beside two small row kernels for D_i = dy_i·y_i and dq). Each is a
+// attention_sm90_bwd.cu, beside a small row kernel for D_i = dy_i·y_i). Each is a
 // persistent grid of one CTA per SM walking units (a head's 128-row block), the longest
 // first (Units). A CTA is 384 threads: warpgroup 0 is the producer (one thread issues TMA
 // loads; setmaxnreg gives its registers away), warpgroups 1 and 2 are consumers owning 64
@@ -118,8 +118,10 @@ struct Units {  // (outside the anonymous namespace: the compute_80 pass never c
   }
 };
 
-// sm90_attention_force_unit_group's value (attention_sm90_fwd.cu); 0: automatic.
+// sm90_attention_force_unit_group's and sm90_attention_force_grid's values
+// (attention_sm90_fwd.cu); 0: automatic.
 extern std::atomic<int64_t> forced_unit_group;
+extern std::atomic<int64_t> forced_grid;
 
 namespace {
 
@@ -432,10 +434,12 @@ void with_half_drop(DType dt, bool drop, const F& f) {
     by_drop.template operator()<__half>();
 }
 
-// One CTA per SM (each takes one: 384 threads, the consumers at 240 registers), none idle.
+// One CTA per SM (each takes one: 384 threads, the consumers at 240 registers), none idle;
+// fewer where a test forces it.
 unsigned persistent_grid(const Units& u, int dev) {
-  const int64_t sms = properties(dev).multiProcessorCount;
-  return static_cast<unsigned>(std::min<int64_t>(u.bh_count * u.blocks, sms));
+  int64_t ctas = properties(dev).multiProcessorCount;
+  if (const int64_t forced = forced_grid.load(); forced > 0) ctas = std::min(ctas, forced);
+  return static_cast<unsigned>(std::min<int64_t>(u.bh_count * u.blocks, ctas));
 }
 
 // Note [Unit order]'s groups: heads per group for units over t rows of each head (256 bytes a

@@ -21,6 +21,9 @@ bool sm90_attention_supported(const Tensor& qkv, int64_t heads);
 // Tests: the heads per unit group of both kernels (Note [Unit order], attention_sm90.cuh);
 // 0, the default, picks them from the shape, the grid and the GPU's L2 size.
 void sm90_attention_force_unit_group(int64_t heads);
+// Tests: at most this many CTAs in both kernels' persistent grids (0, the default: one per
+// SM), so that small shapes walk several units a CTA, with their handoffs between units.
+void sm90_attention_force_grid(int64_t ctas);
 
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).
 void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,

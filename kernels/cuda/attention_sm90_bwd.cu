@@ -1,8 +1,8 @@
 // kernels/cuda/attention_sm90_bwd.cu — the Hopper attention backward (Note [Hopper
 // attention], attention_sm90.cuh; Note [Attention backward in one pass] below): D =
 // rowsum(dY ⊙ Y); dk/dv, which also sums dQ's partial products into an fp32 buffer in a
-// fixed order; dq from that buffer; optionally dqkv's column sums (Note [QKV bias gradient in
-// the attention backward]).
+// fixed order and stores each query tile's dq where its last key block adds to the sum;
+// optionally dqkv's column sums (Note [QKV bias gradient in the attention backward]).
 #include "kernels/cuda/attention_sm90.cuh"
 
 namespace ffn::cuda {
@@ -40,16 +40,27 @@ constexpr int kBwdRows = 64;
 //   blocks first within a group of heads), which run on CTAs that are resident (a persistent
 //   grid no larger than the SMs, one CTA an SM) and take their units in increasing index
 //   order (Note [Unit order]), so the unfinished unit of least index never waits.
-// - dq_convert then reads each tile in the same fragment order, scales it, rotates it back
-//   (rotary embeddings) and stores dq into dqkv. D = rowsum(dY ⊙ Y), which dk/dv reads per
-//   query tile, comes from dsum_kernel first.
+// - The last key block of a query tile (the diagonal one, kb = tile / 2: the first two tiles
+//   of every unit) stores dq itself: the issuer's threads wait for the tile's counter to read
+//   kb (each its own acquire), copy the earlier key blocks' sum from dqacc into their staging
+//   buffer (kb > 0; cp.async before the dQ product and the barrier before it, so no registers
+//   wait for it), add their product to it (the add the bulk reduction would have made, so
+//   the same bits), scale it, rotate it back
+//   (rotary embeddings) and store dq into dqkv. A separate pass over dqacc cost ~29 µs a call
+//   at gpt2_small's shape (session 29), reading 50 MiB that the last addition had just
+//   written. Those tiles never pass through the staging buffers, so each side counts buffer
+//   c's uses (dq_uses) for its phases. The consumers now wait on other CTAs too, for units of
+//   a lower index, as the writer does; the writer moves its last counter before it passes a
+//   unit's first tiles, so no unit's counters wait on a later unit's consumers.
+//   D = rowsum(dY ⊙ Y), which dk/dv reads per query tile, comes from dsum_kernel first.
 // Note [QKV bias gradient in the attention backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // GPT-2's QKV projection has a bias whose gradient is the column sums of dqkv, which a
 // column-sum pass read back after this backward wrote dqkv (75 MB at gpt2_small's shape, 0.39
 // ms of its step, session 23's profile). With dqkv_sum the kernels sum what they store: each
 // consumer warpgroup of dk/dv its 64 keys' dk and dv columns after the unit's last product,
-// dq_convert its 64 queries' dq columns (store_rows adds the 16-bit values as stored, rotated
+// and the issuer of a query tile's last dQ product its 64 queries' dq columns (store_rows
+// adds the 16-bit values as stored, rotated
 // back where rope is on; warpgroup_column_sums reduces them in a fixed order), one partial row
 // per sequence's 64-row tile, [B·⌈T/64⌉, 3·H·64] fp32, every element written exactly once;
 // reduce_partials then sums the rows in order (Note [Deterministic column sums], stage 2).
@@ -60,9 +71,9 @@ constexpr int kDsBytes = 128 * kRowBytes;  // one dS tile: 128 key rows × 64 qu
 constexpr int kDqFloats = 64 * kD;         // one query tile of dQ
 constexpr int kDqBytes = kDqFloats * 4;    // 16 KiB
 constexpr int kBwdStages = 5;
-// Note [QKV bias gradient in the attention backward]: per consumer warpgroup [dk, dv][4 warps]
-// [64 columns] floats.
-constexpr int kRedBytes = 2 * 2 * 4 * 64 * 4;
+// Note [QKV bias gradient in the attention backward]: per consumer warpgroup [dk, dv, dq][4
+// warps][64 columns] floats (dq's apart: a unit of one tile sums dq and then dk).
+constexpr int kRedBytes = 2 * 3 * 4 * 64 * 4;
 // Named barriers of both consumer warpgroups (1 and 2 are each one's own): dS tile b is
 // full (kDsFull + b), dS tile b has been read by the dQ product (kDsRead + b).
 [[maybe_unused]] constexpr int kDsFull = 3, kDsRead = 5;
@@ -73,9 +84,9 @@ using BwdPipe = Pipe<kBwdRows, kBwdStages, 2 * kDsBytes + 2 * kDqBytes + kRedByt
 [[maybe_unused]] __device__ __forceinline__ float* dq_stage(const BwdPipe& p, int c) {
   return reinterpret_cast<float*>(p.extra + 2 * kDsBytes + c * kDqBytes);
 }
-// Consumer warpgroup c's column-sum scratch for its dk (i = 0) and dv (i = 1).
+// Consumer warpgroup c's column-sum scratch for its dk (i = 0), dv (i = 1) and dq (i = 2).
 [[maybe_unused]] __device__ __forceinline__ float* red_of(const BwdPipe& p, int c, int i) {
-  return reinterpret_cast<float*>(p.extra + 2 * kDsBytes + 2 * kDqBytes) + (2 * c + i) * 256;
+  return reinterpret_cast<float*>(p.extra + 2 * kDsBytes + 2 * kDqBytes) + (3 * c + i) * 256;
 }
 // aux barriers: [c] staging buffer c is full (the issuer's arrival), [2 + c] it is free again
 // (the writer's).
@@ -91,14 +102,16 @@ __device__ __forceinline__ void bulk_copy_out(float* dst, const float* src, int 
                  "r"(smem_addr(src)), "r"(bytes)
                  : "memory");
 }
-__device__ __forceinline__ void wait_counter(const int* c, int value) {
+// Waits until *c ≥ value (acquire); then, where the thread's own accesses to what the counter
+// guards are asynchronous (bulk copies), the proxy fence.
+__device__ __forceinline__ void wait_counter(const int* c, int value, bool async_after = true) {
   int v;
   for (;;) {
     asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(c) : "memory");
     if (v >= value) break;
     __nanosleep(32);
   }
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  if (async_after) asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 __device__ __forceinline__ void set_counter(int* c, int value) {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -112,7 +125,8 @@ template <class T, bool DROP>
 __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
                             const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
                             const DeviceMask& mask, const float2* rope, bool last_unit,
-                            float* dbpart) {
+                            float* dbpart, const float* dqacc, const int* counters,
+                            uint32_t& dq_uses) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, kw = k0 + 64 * c + 16 * warp;  // the warp's first key
@@ -203,6 +217,46 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     else
       run.template operator()<false>();
   };
+  // Note [Attention backward in one pass]: the issuer of query tile it's last dQ product
+  // copies the earlier key blocks' sum into its staging buffer before the product (each
+  // thread the float4s it reads back: cp.async, no registers held across the product, no
+  // barrier), adds its product to it and stores dq (with its column sums where asked).
+  float4* const staged = reinterpret_cast<float4*>(dq_stage(p, c)) + tid;
+  auto stage_sum = [&](const float* sum) {
+    mbar_wait(&p.aux[2 + c], (dq_uses & 1) ^ 1);  // the writer read the buffer's last copy
+    const float4* src = reinterpret_cast<const float4*>(sum) + tid;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(staged + i * 128)),
+                   "l"(src + i * 128)
+                   : "memory");
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  auto final_dq = [&](float (&dq)[32], int it) {
+    if (k0 > 0) {
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float4 v = staged[i * 128];
+        dq[4 * i] = v.x + dq[4 * i], dq[4 * i + 1] = v.y + dq[4 * i + 1];
+        dq[4 * i + 2] = v.z + dq[4 * i + 2], dq[4 * i + 3] = v.w + dq[4 * i + 3];
+      }
+    }
+    const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
+    T* dqg = dqkv + b * t * ld + h * kD;
+    const int64_t r0 = k0 + 64LL * it + 16 * warp;
+    if (!dbpart) {
+      store_rows<T>(dq, g.scale, g.scale, dqg, ld, r0, t, lane, rope);
+      return;
+    }
+    float sq[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sq[i] = 0.0f;
+    store_rows<T>(dq, g.scale, g.scale, dqg, ld, r0, t, lane, rope, sq);
+    const int64_t qtiles = (t + 63) / 64, tile = k0 / 64 + it;
+    warpgroup_column_sums(sq, red_of(p, c, 2), tid, 1 + c,
+                          dbpart + (b * qtiles + tile) * ld + h * kD);
+  };
   // Note [Attention backward in one pass]: dSᵀ of tile it into the shared dS tile; the
   // warpgroup whose turn it is multiplies it by K and hands dQ to the writer. The barriers
   // kDsFull + b (the other warpgroup arrives, the issuer waits) and kDsRead + b (the issuer
@@ -227,6 +281,11 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
       named_barrier_arrive(kDsFull + tb, 256);
       return;
     }
+    if (it < 2 && k0 > 0) {  // the tile's last key block: the earlier blocks' sum
+      const int64_t tile = bh * ((t + 63) / 64) + k0 / 64 + it;
+      wait_counter(counters + tile, static_cast<int>(k0 / 128), false);
+      stage_sum(dqacc + tile * kDqFloats);
+    }
     named_barrier_sync(kDsFull + tb, 256);
     float dq[32];
     wgmma_fence();
@@ -239,11 +298,15 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     wgmma_wait<0>();
     fence_accumulators(dq);
     named_barrier_arrive(kDsRead + tb, 256);
-    mbar_wait(&p.aux[2 + c], ((gt >> 1) & 1) ^ 1);  // the writer is done with the buffer
-    float4* st = reinterpret_cast<float4*>(dq_stage(p, c));
+    if (it < 2) {  // the query tile's last key block: dq itself
+      final_dq(dq, it);
+      return;
+    }
+    const uint32_t phase = dq_uses++ & 1;
+    mbar_wait(&p.aux[2 + c], phase ^ 1);  // the writer is done with the buffer
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      st[i * 128 + tid] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+      staged[i * 128] = make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
     fence_proxy_async_smem();
     named_barrier_sync(1 + c, 128);
     if (tid == 0) mbar_arrive(&p.aux[c]);
@@ -310,7 +373,8 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
 }
 
 // The writer thread of Note [Attention backward in one pass]: the CTA's dQ tiles, in the
-// consumers' order, each added into dqacc after the key blocks before it.
+// consumers' order, each added into dqacc after the key blocks before it, except a query
+// tile's last key block's, for which it loads the sum so far into the staging buffer.
 [[maybe_unused]] __device__ void write_dq(const Units& units, int64_t t, float* dqacc,
                                           int* counters) {
   // (32-bit unit indices, pointers advanced per tile, the pipe's addresses carved again
@@ -318,7 +382,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   extern __shared__ uint8_t smem_raw[];
   const BwdPipe p = BwdPipe::carve(smem_raw);
   const int qtiles = static_cast<int>((t + 63) / 64), count = static_cast<int>(units.count());
-  uint32_t gt = 0;
+  uint32_t gt = 0, uses = 0;  // uses: bit c is buffer c's copies so far, mod 2
   int* pending = nullptr;  // the last tile's counter, set once its copy is complete
   int pending_value = 0;
   for (int k = 0;; ++k) {
@@ -330,8 +394,20 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     float* dst = dqacc + static_cast<int64_t>(first) * kDqFloats;
     int* counter = counters + first;
     for (int it = 2 * kb; it < qtiles; ++it, ++gt, dst += kDqFloats, ++counter) {
+      if (it < 2 * kb + 2) {  // the tile's last key block: its issuer stores dq
+        // The unit's first tiles: the last one's counter moves now, not when the unit's first
+        // copy arrives, as consumers (this CTA's too) may wait for it before they send one.
+        if (pending) {
+          tma_store_wait_all();
+          set_counter(pending, pending_value);
+          pending = nullptr;
+        }
+        continue;
+      }
       const int c = gt & 1;
-      mbar_wait_idle(&p.aux[c], (gt >> 1) & 1);  // Note [Idle waits] (sm90.cuh)
+      const uint32_t phase = (uses >> c) & 1;  // buffer c's uses, mod 2
+      uses ^= 1u << c;
+      mbar_wait_idle(&p.aux[c], phase);  // Note [Idle waits] (sm90.cuh)
       // The previous tile's copy ran while the consumers made this one; its counter moves
       // once it is complete, before any wait on another CTA (which might wait on it).
       if (pending) {
@@ -371,6 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     nit = static_cast<int>((g.t - k0 + 63) / 64);
   };
   RingPos at;
+  uint32_t dq_uses = 0;  // a consumer warpgroup's copies through its staging buffer
   auto side = [units, t = g.t, dqacc, counters] {
     write_dq(units, t, dqacc, counters);
   };
@@ -393,7 +470,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         unit(u, bh, k0, nit);
         dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
                              mask, ROPE ? rope : nullptr,
-                             units.at(j + 1, blockIdx.x, gridDim.x) >= units.count(), dbpart);
+                             units.at(j + 1, blockIdx.x, gridDim.x) >= units.count(), dbpart,
+                             dqacc, counters, dq_uses);
         return nit;
       },
       side);
@@ -429,40 +507,6 @@ __global__ void dsum_kernel(const T* y, const T* dy, float* dsum, int64_t rows, 
     acc += __shfl_xor_sync(0xffffffffu, acc, 4);
     if (k < heads * 8 && (lane & 7) == 0) dsum[(b * heads + k / 8) * t + i] = acc;
   }
-#endif
-}
-
-// dq of one 64-query tile from dqacc (Note [Attention backward in one pass]): the tile's
-// fragments as the issuing warpgroup held them, scaled, rotated back and stored by store_rows;
-// with dbpart, the tile's partial row of dq's column sums too (Note [QKV bias gradient in the
-// attention backward]).
-template <class T>
-__global__ void __launch_bounds__(128)
-    dq_convert(const float* dqacc, T* dqkv, Geometry g, const float2* rope, float* dbpart) {
-#if FFN_ATTN_SM90_CODE
-  const int64_t qtiles = (g.t + 63) / 64, tile = blockIdx.x, bh = tile / qtiles;
-  const int64_t q0 = 64 * (tile % qtiles), b = bh / g.heads, h = bh % g.heads;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const float4* src = reinterpret_cast<const float4*>(dqacc + tile * kDqFloats);
-  float acc[32];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float4 v = __ldcs(src + i * 128 + tid);
-    acc[4 * i] = v.x, acc[4 * i + 1] = v.y, acc[4 * i + 2] = v.z, acc[4 * i + 3] = v.w;
-  }
-  const int64_t ld = 3LL * g.heads * kD;
-  if (!dbpart) {
-    store_rows<T>(acc, g.scale, g.scale, dqkv + b * g.t * ld + h * kD, ld, q0 + 16 * warp, g.t,
-                  lane, rope);
-    return;
-  }
-  __shared__ float red[4 * 64];
-  float sq[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) sq[i] = 0.0f;
-  store_rows<T>(acc, g.scale, g.scale, dqkv + b * g.t * ld + h * kD, ld, q0 + 16 * warp, g.t,
-                lane, rope, sq);
-  warpgroup_column_sums(sq, red, tid, 1, dbpart + (b * qtiles + tile % qtiles) * ld + h * kD);
 #endif
 }
 
@@ -516,9 +560,6 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
     k<<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), dq, g, units, mask, rope,
         dqacc.data<float>(), static_cast<int*>(counters.data_ptr()), dbpart);
-    FFN_CHECK_LAUNCH();
-    dq_convert<T><<<static_cast<unsigned>(b * heads * qtiles), 128, 0, stream(dev)>>>(
-        dqacc.data<float>(), dq, g, ROPE ? rope : nullptr, dbpart);
     FFN_CHECK_LAUNCH();
     if (dqkv_sum) {
       reduce_partials_kernel<float, T>

@@ -180,10 +180,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 namespace attn90 {
 std::atomic<int64_t> forced_unit_group{0};
+std::atomic<int64_t> forced_grid{0};
 }  // namespace attn90
 
 void sm90_attention_force_unit_group(int64_t heads) {
   attn90::forced_unit_group = heads;
+}
+void sm90_attention_force_grid(int64_t ctas) {
+  attn90::forced_grid = ctas;
 }
 
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads) {

@@ -467,8 +467,9 @@ FFN_GPU_TEST("Hopper attention backward sums dq across key blocks in a fixed ord
 }
 
 // A small case for compute-sanitizer (tools/gpu-check attnsan; the reference test above is
-// too slow under racecheck): the Hopper kernels, with several units per CTA when the grid is
-// smaller than the work, against the mma.sync ones.
+// too slow under racecheck): the Hopper kernels on a grid of one CTA per SM and on one of
+// three CTAs (several units a CTA, with the handoffs between them), the same bits on both,
+// against the mma.sync ones.
 FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
   Generator g(41);
   for (auto [b, t] : {std::pair<int64_t, int64_t>{1, 7}, {3, 200}, {2, 300}})
@@ -476,11 +477,17 @@ FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
       const int64_t h = 2, c = h * 64;
       Tensor qkv, dy;
       if (!hopper_inputs(b, t, h, g, qkv, dy)) return;
+      CAPTURE(t);
+      CAPTURE(p);
       const DropoutSpec d{p, 5, 3};
-      std::vector<Tensor> out[2];
+      std::vector<Tensor> out[3];
       int k = 0;
-      for (cuda::AttentionKernel kernel :
-           {cuda::AttentionKernel::sm90, cuda::AttentionKernel::mma_sync}) {
+      for (int run = 0; run < 3; ++run) {
+        const auto kernel = run < 2 ? cuda::AttentionKernel::sm90 : cuda::AttentionKernel::mma_sync;
+        struct Forced {  // back to one CTA per SM however the block is left
+          explicit Forced(int64_t n) { cuda::sm90_attention_force_grid(n); }
+          ~Forced() { cuda::sm90_attention_force_grid(0); }
+        } forced(run == 1 ? 3 : 0);
         Tensor y = Tensor::empty({b, t, c}, DType::bf16, kGpu);
         Tensor lse = Tensor::empty({b * h, t}, DType::f32, kGpu);
         Tensor dqkv = Tensor::empty(qkv.shape(), DType::bf16, kGpu);
@@ -488,11 +495,14 @@ FFN_GPU_TEST("sm90 attention kernels on small shapes (the sanitizer's case)") {
         cuda::fused_attention(qkv, h, 0.125, d, y, lse, kernel);
         cuda::fused_attention_backward(qkv, y, dy, lse, h, 0.125, d, dqkv, 0, kernel, &db);
         check_column_sums(db, dqkv, "sanitizer case");
-        out[k++] = {y.to(Device::cpu()).to(DType::f64), dqkv.to(Device::cpu()).to(DType::f64)};
+        out[k++] = {y.to(Device::cpu()).to(DType::f64), dqkv.to(Device::cpu()).to(DType::f64),
+                    db.to(Device::cpu()).to(DType::f64)};
       }
+      for (int i = 0; i < 3; ++i)
+        CHECK_MESSAGE(max_abs_diff(out[0][i], out[1][i]) == 0.0, "grid of 3 CTAs, output ", i);
       // Two bf16 implementations of the same math: apart by their rounding, not more.
-      CHECK(max_abs_diff(out[0][0], out[1][0]) <= 0.02 * max_abs(out[1][0]) + 1e-3);
-      CHECK(max_abs_diff(out[0][1], out[1][1]) <= 0.02 * max_abs(out[1][1]) + 1e-3);
+      CHECK(max_abs_diff(out[0][0], out[2][0]) <= 0.02 * max_abs(out[2][0]) + 1e-3);
+      CHECK(max_abs_diff(out[0][1], out[2][1]) <= 0.02 * max_abs(out[2][1]) + 1e-3);
     }
 }
 
