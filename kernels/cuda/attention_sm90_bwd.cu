@@ -45,13 +45,13 @@ constexpr int kBwdRows = 64;
 //   kb (each its own acquire), copy the earlier key blocks' sum from dqacc into their staging
 //   buffer (kb > 0; cp.async before the dQ product and the barrier before it, so no registers
 //   wait for it), add their product to it (the add the bulk reduction would have made, so
-//   the same bits), scale it, rotate it back
-//   (rotary embeddings) and store dq into dqkv. A separate pass over dqacc cost ~29 µs a call
-//   at gpt2_small's shape (session 29), reading 50 MiB that the last addition had just
-//   written. Those tiles never pass through the staging buffers, so each side counts buffer
-//   c's uses (dq_uses) for its phases. The consumers now wait on other CTAs too, for units of
-//   a lower index, as the writer does; the writer moves its last counter before it passes a
-//   unit's first tiles, so no unit's counters wait on a later unit's consumers.
+//   the same bits), scale it, rotate it back (rotary embeddings) and store dq into dqkv. A
+//   separate pass over dqacc cost ~29 µs a call at gpt2_small's shape (session 29), reading
+//   50 MiB that the last addition had just written. Those tiles never pass to the writer, so
+//   each side counts buffer c's copies (dq_uses, uses) for its phases. The consumers now wait
+//   on other CTAs too, for units of a lower index, as the writer does; the writer moves its
+//   last counter before it passes a unit's first tiles, so no unit's counters wait on a later
+//   unit's consumers.
 //   D = rowsum(dY ⊙ Y), which dk/dv reads per query tile, comes from dsum_kernel first.
 // Note [QKV bias gradient in the attention backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
