@@ -180,6 +180,7 @@ void sm90_attention_backward(const Tensor&, const Tensor&, const Tensor&, const 
   no_cuda("fused_attention_backward");
 }
 void sm90_attention_force_unit_group(int64_t) {}  // nothing runs them without CUDA
+void sm90_attention_force_grid(int64_t) {}
 
 void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&,
                 const Tensor&, const DropoutSpec&, Tensor*) {
