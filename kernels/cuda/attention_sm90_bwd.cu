@@ -60,10 +60,10 @@ constexpr int kBwdRows = 64;
 // ms of its step, session 23's profile). With dqkv_sum the kernels sum what they store: each
 // consumer warpgroup of dk/dv its 64 keys' dk and dv columns after the unit's last product,
 // and the issuer of a query tile's last dQ product its 64 queries' dq columns (store_rows
-// adds the 16-bit values as stored, rotated
-// back where rope is on; warpgroup_column_sums reduces them in a fixed order), one partial row
-// per sequence's 64-row tile, [B·⌈T/64⌉, 3·H·64] fp32, every element written exactly once;
-// reduce_partials then sums the rows in order (Note [Deterministic column sums], stage 2).
+// adds the 16-bit values as stored, rotated back where rope is on; warpgroup_column_sums
+// reduces them in a fixed order), one partial row per sequence's 64-row tile, [B·⌈T/64⌉,
+// 3·H·64] fp32, every element written exactly once; reduce_partials then sums the rows in
+// order (Note [Deterministic column sums], stage 2).
 // Deterministic and independent of the grid; not the column-sum pass's order, so the bits of
 // the bias gradient differ from it within fp32 rounding. The layer asks for the sums when the
 // projection's node wants them (Note [Branch bias gradient], layers/branch_bias_grad.h).
@@ -227,7 +227,8 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     const float4* src = reinterpret_cast<const float4*>(sum) + tid;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(staged + i * 128)),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                       smem_addr(staged + i * 128)),
                    "l"(src + i * 128)
                    : "memory");
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -373,8 +374,8 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
 }
 
 // The writer thread of Note [Attention backward in one pass]: the CTA's dQ tiles, in the
-// consumers' order, each added into dqacc after the key blocks before it, except a query
-// tile's last key block's, for which it loads the sum so far into the staging buffer.
+// consumers' order, each added into dqacc after the key blocks before it (a query tile's last
+// key block's never comes here: its issuer adds and stores it).
 [[maybe_unused]] __device__ void write_dq(const Units& units, int64_t t, float* dqacc,
                                           int* counters) {
   // (32-bit unit indices, pointers advanced per tile, the pipe's addresses carved again
