@@ -325,16 +325,14 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
       doctest::Contains("[sm90_gemm] the GLU backward"));
 }
 
-// Note [Dynamic unit order]: the activation kernels' units taken from the global counter or in
-// the static order give the same bits (every tile and db partial is one CTA's, the same
-// inputs in the same order), for the plain and the GLU kernels, forward and backward with
-// db, with and without dropout, at a shape whose ring wraps (more than 8 tiles a CTA) and at
-// GPT-2's fc1.
-// Note [Dynamic unit order] and Note [Operand multicast]: the dynamic order, the static one
-// and the static one in clusters of two CTAs sharing A compute every tile alike. The shapes'
-// column tiles pair up (multicast runs in the forwards, rows past m in a partner's half of A
-// included; in the plain backward at 600 × 512 × 2048, act_multicast's K >= 2048) except the
-// last one's (odd: multicast declines).
+// Note [Dynamic unit order] and Note [Operand multicast]: the activation kernels' units taken
+// from the global counter, in the static order, and in the static order in clusters of two
+// CTAs sharing A give the same bits (every tile and db partial is one CTA's, the same inputs
+// in the same order), for the plain and the GLU kernels, forward and backward with db, with
+// and without dropout, at a shape whose ring wraps (more than 8 tiles a CTA) and at GPT-2's
+// fc1. The shapes' column tiles pair up (multicast runs in the forwards, rows past m in a
+// partner's half of A included; in the plain backward at 600 × 512 × 2048, act_multicast's
+// K >= 2048) except the last one's (odd: multicast declines).
 FFN_GPU_TEST("sm90 activation GEMMs: the unit order and operand multicast change no bits") {
   Generator g(78);
   if (!sm90_here()) {
