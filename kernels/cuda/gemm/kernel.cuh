@@ -228,25 +228,29 @@ __global__ void __launch_bounds__(512, 1)
   } else if (wg == 1) {
     regs_alloc<232>();
     const int wg_thread = threadIdx.x % 128;
-    int stage = 0;
-    uint32_t phase = 0;
     float acc0[64], acc1[64];
-    for (int j = 0;; ++j) {
-      const int u = ring.at(j);
-      if (u < 0) break;
-      const Unit un = sched.unit(u);
-      if (wg_thread == 0) trace::mark(0, j);
-      ml.consume_tile(acc0, acc1, un.kbs, stage, phase, j);
-      if (wg_thread == 0) trace::mark(1, j);
-      const int b = j & 1;
-      if (j >= 2) named_barrier_sync(SH::empty_barrier(b), SH::kHandoff);  // tile j - 2's read
-      if (wg_thread == 0) trace::mark(2, j);
-      stage_block<T>(acc0, sh.staged(b), 0, wg_thread);
-      stage_block<T>(acc1, sh.staged(b), 1, wg_thread);
-      fence_proxy_async_smem();  // the forward's z leaves by TMA straight from here
-      named_barrier_arrive(SH::full_barrier(b), SH::kHandoff);
-      if (wg_thread == 0) trace::mark(3, j);
-    }
+    // Note [Overlapped tile boundary]: the halves are staged between the next tile's MMAs.
+    ml.consume_overlapped(
+        acc0, acc1,
+        [&](int j) {
+          const int u = ring.at(j);
+          return u < 0 ? -1 : sched.unit(u).kbs;
+        },
+        [&](int j, int h, float(&acc)[64]) {
+          const int b = j & 1;
+          if (h == 0) {
+            if (wg_thread == 0) trace::mark(1, j);
+            if (j >= 2) named_barrier_sync(SH::empty_barrier(b), SH::kHandoff);  // tile j - 2's
+            if (wg_thread == 0) trace::mark(2, j);
+          }
+          stage_block<T>(acc, sh.staged(b), h, wg_thread);
+          if (h == 1) {
+            fence_proxy_async_smem();  // the forward's z leaves by TMA straight from here
+            named_barrier_arrive(SH::full_barrier(b), SH::kHandoff);
+            if (wg_thread == 0) trace::mark(3, j);
+            if (wg_thread == 0) trace::mark(0, j + 1);
+          }
+        });
   } else {
     regs_dealloc<120>();
     act.run(wg - 2, sh, sched, &tc, &tc2);

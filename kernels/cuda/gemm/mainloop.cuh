@@ -204,14 +204,13 @@ struct Mainloop {
   // rows [0, 64) in acc0 and [64, 128) in acc1.
   template <int R>
   __device__ void consume_tile(float (&acc0)[R], float (&acc1)[R], int k_blocks, int& stage,
-                               uint32_t& phase, int tj = -1) const {
+                               uint32_t& phase) const {
     using Mma = Wgmma<BN, T>;
     static_assert(Mma::kRegs == R, "accumulator size");
     const int lane = threadIdx.x % 32;
     int prev = -1;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
-      if (tj >= 0 && kb == 0 && threadIdx.x % 128 == 0) trace::mark(12, tj);
       const uint64_t da0 = a_desc(stage, 0), da1 = a_desc(stage, 1), db = b_desc(stage);
       wgmma_fence();
 #pragma unroll
@@ -228,11 +227,126 @@ struct Mainloop {
       prev = stage;
       if (++stage == kStages) stage = 0, phase ^= 1;
     }
-    if (tj >= 0 && threadIdx.x % 128 == 0) trace::mark(13, tj);
     wgmma_wait<0>();
     fence_accumulators(acc0);
     fence_accumulators(acc1);
     if (prev >= 0 && lane == 0) release(prev);
+  }
+
+  // Note [Overlapped tile boundary]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The activation kernel's one consumer warpgroup (Note [Activation warpgroup]) owns both
+  // 64-row halves of every tile. With consume_tile it drained all its MMAs at a tile's end
+  // (wait_group 0), staged both halves and only then issued the next tile's first k-block:
+  // the tensor cores idled for the drain, the staging and the first stage's wait, ~1300 of
+  // the ~8800 cycles a 128×128 tile took at GPT-2's fc1 (K = 768, per-tile timestamps,
+  // session 31). Here each tile's first and last k-blocks are committed as two groups, rows
+  // [0, 64) (acc0) and then rows [64, 128) (acc1), so at a tile's end:
+  //   wait_group 1       acc0's last MMAs are done, acc1's may still run;
+  //   stage(0)           acc0 rounded into the staged tile while acc1's MMAs finish;
+  //   next tile, acc0    its first k-block issued into acc0 (scale 0: no zeroing);
+  //   wait_group 1       acc1's last MMAs are done (the new acc0 group may run);
+  //   stage(1)           acc1 staged while the new acc0 group runs, then handed over;
+  //   next tile, acc1    its first k-block issued into acc1.
+  // The k-blocks in between are one group each, the halves interleaved as in consume_tile.
+  // A stage is released once every group that reads it has completed: after the next
+  // k-block's wait_group (1, or 2 behind a last k-block's pair), and a tile's last stage after
+  // the acc1 wait above. wgmma.fence precedes each issue after the staging read the registers
+  // (PTX: a register access between two wgmmas on the same registers needs one).
+  // Measured (H100, session 33, ffn-bench --act-epilogues, 0.15 s windows, alternated twice,
+  // ms before -> after, with the cheaper unit decode of tile_scheduler.cuh): gpt2's fc1
+  // forward 0.171/0.173 -> 0.169/0.164, backward with db 0.233/0.234 -> 0.227/0.230;
+  // ffn_d1024's forward 0.269/0.269 -> 0.257/0.261; geglu_d1024's 0.540/0.543 -> 0.522/0.518;
+  // ffn_d4096's 1.96/1.95 -> 1.92/1.93. Less than the idle time predicted: the ring's loads,
+  // not only the pause, set the pace (a stage took ~2500-3000 cycles from issue to use).
+  // next_kbs(j): tile j's k-blocks, or -1 once there is none (called once per j, in order, as
+  // a unit ring's reader must); stage(j, h, acc): stage half h of tile j (h = 0 first).
+  template <int R, class NextKbs, class StageHalf>
+  __device__ void consume_overlapped(float (&acc0)[R], float (&acc1)[R], NextKbs next_kbs,
+                                     StageHalf stage_half) const {
+    using Mma = Wgmma<BN, T>;
+    static_assert(Mma::kRegs == R, "accumulator size");
+    const int lane = threadIdx.x % 32;
+    // One 64-row half's MMAs of stage s (first: its k-block 0, which overwrites acc).
+    const auto half = [&](float (&acc)[R], int h, int s, bool first) {
+      const uint64_t da = a_desc(s, h), db = b_desc(s);
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        Mma::template mma<A_MN, B_MN>(acc, da + kStepA * kk, db + kStepB * kk,
+                                      (first && kk == 0) ? 0 : 1);
+    };
+    int stage = 0;
+    uint32_t phase = 0;
+    const auto advance = [&] {
+      if (++stage == kStages) stage = 0, phase ^= 1;
+    };
+    int kbs = next_kbs(0);
+    if (kbs < 0) return;
+    mbar_wait(&full[stage], phase);
+    wgmma_fence();
+    half(acc0, 0, stage, true);
+    wgmma_commit();
+    half(acc1, 1, stage, true);
+    wgmma_commit();
+    int held = stage;  // the latest k-block's stage, still read by its groups
+    advance();
+    for (int j = 0;; ++j) {
+      if (j > 0 && threadIdx.x % 128 == 0) trace::mark(12, j);
+      // The rest of the tile's k-blocks, its last one peeled: every path to the waits below
+      // then ends in a pair of groups, which ptxas's analysis needs to keep the MMAs
+      // asynchronous (with the loop running up to the last k-block it serialised them).
+      if (kbs > 1) {
+        for (int kb = 1; kb + 1 < kbs; ++kb) {  // the middle k-blocks: a group each
+          mbar_wait(&full[stage], phase);
+          wgmma_fence();
+          const uint64_t da0 = a_desc(stage, 0), da1 = a_desc(stage, 1), db = b_desc(stage);
+#pragma unroll
+          for (int kk = 0; kk < BK / 16; ++kk) {
+            Mma::template mma<A_MN, B_MN>(acc0, da0 + kStepA * kk, db + kStepB * kk, 1);
+            Mma::template mma<A_MN, B_MN>(acc1, da1 + kStepA * kk, db + kStepB * kk, 1);
+          }
+          wgmma_commit();
+          wgmma_wait<1>();
+          if (lane == 0) release(held);
+          held = stage;
+          advance();
+        }
+        mbar_wait(&full[stage], phase);  // the last k-block: a group per half
+        wgmma_fence();
+        half(acc0, 0, stage, false);
+        wgmma_commit();
+        half(acc1, 1, stage, false);
+        wgmma_commit();
+        wgmma_wait<2>();
+        if (lane == 0) release(held);
+        held = stage;
+        advance();
+      }
+      if (threadIdx.x % 128 == 0) trace::mark(13, j);
+      wgmma_wait<1>();
+      fence_accumulators(acc0);
+      stage_half(j, 0, acc0);
+      kbs = next_kbs(j + 1);
+      const bool more = kbs >= 0;
+      if (more) {  // the next tile's first k-block into acc0, beside acc1's last MMAs
+        mbar_wait(&full[stage], phase);
+        wgmma_fence();
+        half(acc0, 0, stage, true);
+        wgmma_commit();
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_accumulators(acc1);
+      if (lane == 0) release(held);
+      stage_half(j, 1, acc1);
+      if (!more) return;
+      wgmma_fence();
+      half(acc1, 1, stage, true);
+      wgmma_commit();
+      held = stage;
+      advance();
+    }
   }
 
   // The stages of a tile the other warpgroup consumes.

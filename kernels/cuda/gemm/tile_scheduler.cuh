@@ -47,24 +47,38 @@ struct TileScheduler {
   __device__ int first_unit() const { return static_cast<int>(blockIdx.x) / cluster; }
   __device__ int unit_stride() const { return static_cast<int>(gridDim.x) / cluster; }
   __host__ __device__ int num_units() const { return num_tiles() * splits; }
-  // Tile t → (tile row, tile column).
+  // Tile t → (tile row, tile column). Every warp of the activation kernels decodes three
+  // units a tile (Note [Activation warpgroup]), so the common cases skip the divisions they
+  // do not need: a whole group of kGroupM tile rows (a mask and a shift) and no split.
   __device__ __forceinline__ void coords(int t, int& tm, int& tn) const {
     const int per_group = kGroupM * tiles_n;
     const int group = t / per_group;
     const int first_m = group * kGroupM;
-    const int size_m = min(tiles_m - first_m, kGroupM);
-    const int in_group = t % per_group;
-    tm = first_m + in_group % size_m;
-    tn = in_group / size_m;
+    const int in_group = t - group * per_group;
+    if (tiles_m - first_m >= kGroupM) {
+      tm = first_m + in_group % kGroupM;
+      tn = in_group / kGroupM;
+    } else {
+      const int size_m = tiles_m - first_m;
+      tm = first_m + in_group % size_m;
+      tn = in_group / size_m;
+    }
   }
   __device__ __forceinline__ Unit unit(int u) const {
     Unit w;
-    const int tiles = num_tiles();
-    w.split = u / tiles;
-    coords(u - w.split * tiles, w.tm, w.tn);
+    if (splits == 1) {
+      w.split = 0;
+      coords(u, w.tm, w.tn);
+      w.kb0 = 0;
+      w.kbs = k_blocks;
+    } else {
+      const int tiles = num_tiles();
+      w.split = u / tiles;
+      coords(u - w.split * tiles, w.tm, w.tn);
+      w.kb0 = static_cast<int>(static_cast<int64_t>(w.split) * k_blocks / splits);
+      w.kbs = static_cast<int>(static_cast<int64_t>(w.split + 1) * k_blocks / splits) - w.kb0;
+    }
     if (cluster == 2) w.tn = 2 * w.tn + rank;
-    w.kb0 = static_cast<int>(static_cast<int64_t>(w.split) * k_blocks / splits);
-    w.kbs = static_cast<int>(static_cast<int64_t>(w.split + 1) * k_blocks / splits) - w.kb0;
     return w;
   }
 };

@@ -28,8 +28,10 @@ inline constexpr int kCtas = 132, kTiles = 64, kSlots = 16;
 // Slots: the consumer 0 tile start, 1 mainloop done, 2 buffer free (empty barrier passed),
 // 3 staged (full arrived); activation warpgroup c at 4 + 4c: 0 before the full wait, 1 after
 // it, 2 after releasing the previous tile, 3 end of the tile's work; the consumer's mainloop
-// 12 first stage full, 13 last k-block issued; the producer 14 first stage free (its loads
-// start), 15 last stage free.
+// 12 first k-block issued, 13 last k-block issued; the producer 14 first stage free (its loads
+// start), 15 last stage free. Since Note [Overlapped tile boundary] a tile starts when the
+// previous one's second half is staged (its first k-block's rows [0, 64) already issued) and
+// "staging" includes issuing the next tile's first k-block into the first half.
 
 #if defined(FFN_GEMM_TRACE)
 static __device__ unsigned long long* g_buf;  // null: this launch is not traced
