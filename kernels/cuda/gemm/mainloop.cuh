@@ -257,8 +257,9 @@ struct Mainloop {
   // ms before -> after, with the cheaper unit decode of tile_scheduler.cuh): gpt2's fc1
   // forward 0.171/0.173 -> 0.169/0.164, backward with db 0.233/0.234 -> 0.227/0.230;
   // ffn_d1024's forward 0.269/0.269 -> 0.257/0.261; geglu_d1024's 0.540/0.543 -> 0.522/0.518;
-  // ffn_d4096's 1.96/1.95 -> 1.92/1.93. Less than the idle time predicted: the ring's loads,
-  // not only the pause, set the pace (a stage took ~2500-3000 cycles from issue to use).
+  // ffn_d4096's 1.96/1.95 -> 1.92/1.93. Less than the idle time predicted (the producer kept
+  // loading during the pause), and a sixth ring stage gained nothing on top (session 33,
+  // bench/RESULTS.md), so neither the boundary nor the ring's depth bounds that forward now.
   // next_kbs(j): tile j's k-blocks, or -1 once there is none (called once per j, in order, as
   // a unit ring's reader must); stage(j, h, acc): stage half h of tile j (h = 0 first).
   template <int R, class NextKbs, class StageHalf>
@@ -327,6 +328,8 @@ struct Mainloop {
       fence_accumulators(acc0);
       stage_half(j, 0, acc0);
       kbs = next_kbs(j + 1);
+      // One path to acc1's staging with or without a next tile: with a separate exit (wait 0,
+      // stage, return) ptxas serialised the MMAs as well.
       const bool more = kbs >= 0;
       if (more) {  // the next tile's first k-block into acc0, beside acc1's last MMAs
         mbar_wait(&full[stage], phase);

@@ -47,9 +47,9 @@ struct TileScheduler {
   __device__ int first_unit() const { return static_cast<int>(blockIdx.x) / cluster; }
   __device__ int unit_stride() const { return static_cast<int>(gridDim.x) / cluster; }
   __host__ __device__ int num_units() const { return num_tiles() * splits; }
-  // Tile t → (tile row, tile column). Every warp of the activation kernels decodes three
-  // units a tile (Note [Activation warpgroup]), so the common cases skip the divisions they
-  // do not need: a whole group of kGroupM tile rows (a mask and a shift) and no split.
+  // Tile t → (tile row, tile column). The activation kernels' warps decode one to three units
+  // a tile (Note [Activation warpgroup]), so the common cases skip the divisions they do not
+  // need: a whole group of kGroupM tile rows (a mask and a shift) and no split.
   __device__ __forceinline__ void coords(int t, int& tm, int& tn) const {
     const int per_group = kGroupM * tiles_n;
     const int group = t / per_group;
