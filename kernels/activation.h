@@ -110,49 +110,44 @@ FFN_HD float ex2_(float x) {  // 2^x (ex2.approx.ftz on the GPU, as exp_)
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A kernel that stores bf16 or f16 rounds every output to 8 or 11 significant bits, so the
 // 1e-7 of Note [erfc GELU]'s degree-9 P is spent on digits the rounding throws away. For
-// 16-bit storage the same t·2^(P'(t) − s²) form takes a degree-5 P' with t = 1/(1 +
-// 0.4579050·s) (a minimax fit of log2(Φ(−|x|)/t) + s² over |x| ≤ 12, session 25): the
-// largest relative error of Φ(−|x|) is 2.7e-5 in double and 3.4e-5 evaluated in float (the
-// degree-9 form: 1.1e-7 and 1.4e-5), the derivative's largest absolute error 1.3e-5 (2.2e-7),
-// against half an ulp of 2^-9 (bf16) and 2^-12 (f16 near 1); four FMAs an element fewer, on
-// the activation warpgroups' longest dependency chain (Note [Activation warpgroup]). Which
-// form a kernel uses is its storage type's (act_math::value<S> and friends, S the stored
-// type): every GPU kernel that stores 16-bit activations, fused or not, takes the short one,
-// so fused and unfused outputs stay bit-identical; f32 and f64 storage (the CPU references,
-// the f32 GPU kernels) keep the degree-9 form, so those stay bit-identical to each other.
+// 16-bit storage Φ(−|x|) = t·R(t)·2^(−s²) with t = 1/(1 + 0.36·s) and a degree-5 polynomial
+// R (a minimax fit of Φ(−|x|)·2^(s²)/t over |x| ≤ 12, relative error, session 33): the
+// largest relative error of Φ(−|x|) is 3.1e-6 in double and 1.5e-5 evaluated in float (an
+// fp32 model; the degree-9 form: 1.1e-7 and 1.4e-5), the derivative's relative to
+// max(|g|, 0.01) 7.4e-5 (session 25's form: 3.4e-5 and 6.1e-4), against half an ulp of 2^-9
+// (bf16) and 2^-12 (f16 near 1). 2^(−s²) is the pdf's factor as well (φ(x) = 2^(−s²)/√(2π)), so the
+// backward's value and derivative take one ex2 and one reciprocal an element: one MUFU
+// operation fewer than Note [erfc GELU]'s form, whose tail is t·2^(P'(t) − s²) (session 25's
+// short form was that, with a degree-5 P'), and the ex2 leaves the longest dependency chain
+// (reciprocal, polynomial, two products) of the activation warpgroups (Note [Activation
+// warpgroup]). Measured (H100, session 33, ffn-bench --act-epilogues, alternated three times,
+// ms): gpt2's fc1 backward with db1 0.228, 0.232, 0.232 -> 0.225, 0.226, 0.226; its forward
+// unchanged within the rounds' drift (0.162-0.171 -> 0.156-0.172); welder_fc2 (f16)
+// 1.424, 1.423 -> 1.421, 1.415. Which form a kernel uses is its storage type's
+// (act_math::value<S> and friends, S the stored type): every GPU kernel that stores 16-bit
+// activations, fused or not, takes the short one, so fused and unfused outputs stay
+// bit-identical; f32 and f64 storage (the CPU references, the f32 GPU kernels) keep the
+// degree-9 form, so those stay bit-identical to each other.
 // tests/kernels/test_bias_act_dropout.cpp checks both forms' errors on a grid.
 //
-// Φ(-|x|), and s2 = x²·log2(e)/2. s² is a product that is never contracted into an FMA, so
-// the value is the same bits whether or not the caller also uses s2 (left to the compiler,
-// P' − s² became one FMA where s² had no other use and not where the pdf used it too: the
-// forward's hd and the backward's recomputed hd differed in the last bit; one explicit FMA in
-// both instead left the backward activation GEMM 12 bytes of spills against none).
-// kShort: Note [erfc GELU for 16-bit outputs]'s degree-5 form.
-template <bool kShort = false>
+// The degree-9 form (Note [erfc GELU]): Φ(-|x|), and s2 = x²·log2(e)/2. s² is a product that
+// is never contracted into an FMA (in either form), so the value is the same bits whether or
+// not the caller also uses s2 (left to the compiler, P' − s² became one FMA where s² had no
+// other use and not where the pdf used it too: the forward's hd and the backward's
+// recomputed hd differed in the last bit).
 FFN_HD float erfc_half_tail(float x, float& s2) {
   const float s = fabsf(x) * 0.8493218003f;
-  float t, p;
-  if constexpr (kShort) {
-    t = div_(1.0f, fmaf(0.4579050f, s, 1.0f));
-    p = 0.309738917f;
-    p = fmaf(p, t, -0.8081246214f);
-    p = fmaf(p, t, 0.275270576f);
-    p = fmaf(p, t, 0.4671146265f);
-    p = fmaf(p, t, 1.444265361f);
-    p = fmaf(p, t, -2.688226036f);
-  } else {
-    t = div_(1.0f, fmaf(0.4162773056f, s, 1.0f));
-    p = 0.246517298f;
-    p = fmaf(p, t, -1.18611495f);
-    p = fmaf(p, t, 2.14747446f);
-    p = fmaf(p, t, -1.63775315f);
-    p = fmaf(p, t, 0.402321582f);
-    p = fmaf(p, t, -0.26875686f);
-    p = fmaf(p, t, 0.139630057f);
-    p = fmaf(p, t, 0.539700616f);
-    p = fmaf(p, t, 1.4427292f);
-    p = fmaf(p, t, -2.82574822f);
-  }
+  const float t = div_(1.0f, fmaf(0.4162773056f, s, 1.0f));
+  float p = 0.246517298f;
+  p = fmaf(p, t, -1.18611495f);
+  p = fmaf(p, t, 2.14747446f);
+  p = fmaf(p, t, -1.63775315f);
+  p = fmaf(p, t, 0.402321582f);
+  p = fmaf(p, t, -0.26875686f);
+  p = fmaf(p, t, 0.139630057f);
+  p = fmaf(p, t, 0.539700616f);
+  p = fmaf(p, t, 1.4427292f);
+  p = fmaf(p, t, -2.82574822f);
 #if defined(__CUDA_ARCH__)
   s2 = __fmul_rn(s, s);
 #else
@@ -160,10 +155,33 @@ FFN_HD float erfc_half_tail(float x, float& s2) {
 #endif
   return t * ex2_(p - s2);
 }
+// The 16-bit form: Φ(-|x|), and g = 2^(−s²) (the pdf's factor).
+FFN_HD float erfc_half_tail_short(float x, float& g) {
+  const float s = fabsf(x) * 0.8493218003f;
+  const float t = div_(1.0f, fmaf(0.36f, s, 1.0f));
+  float r = -0.0772995576f;
+  r = fmaf(r, t, 0.2007971704f);
+  r = fmaf(r, t, -0.0035128165f);
+  r = fmaf(r, t, 0.1407784820f);
+  r = fmaf(r, t, 0.1169192046f);
+  r = fmaf(r, t, 0.1223163307f);
+#if defined(__CUDA_ARCH__)
+  g = ex2_(-__fmul_rn(s, s));
+#else
+  g = ex2_(-(s * s));
+#endif
+  return (t * r) * g;
+}
 template <bool kShort = false>
 FFN_HD float gelu_erf_cdf(float x) {  // Φ(x)
-  float s2;
-  const float q = erfc_half_tail<kShort>(x, s2);
+  float q;
+  if constexpr (kShort) {
+    float g;
+    q = erfc_half_tail_short(x, g);
+  } else {
+    float s2;
+    q = erfc_half_tail(x, s2);
+  }
   return x < 0.0f ? q : 1.0f - q;
 }
 template <bool kShort = false>
@@ -173,10 +191,16 @@ FFN_HD double gelu_erf_cdf(double x) {
 // Φ(x) and φ(x) = exp(-x²/2)/√(2π) together.
 template <bool kShort = false>
 FFN_HD void gelu_erf_cdf_pdf(float x, float& cdf, float& pdf) {
-  float s2;
-  const float q = erfc_half_tail<kShort>(x, s2);
+  float q, g;
+  if constexpr (kShort) {
+    q = erfc_half_tail_short(x, g);
+  } else {
+    float s2;
+    q = erfc_half_tail(x, s2);
+    g = ex2_(-s2);
+  }
   cdf = x < 0.0f ? q : 1.0f - q;
-  pdf = 0.3989422804f * ex2_(-s2);
+  pdf = 0.3989422804f * g;
 }
 template <bool kShort = false>
 FFN_HD void gelu_erf_cdf_pdf(double x, double& cdf, double& pdf) {
