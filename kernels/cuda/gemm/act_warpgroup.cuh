@@ -30,8 +30,8 @@ namespace ffn::cuda::gemm {
 //      unit order]) and hands it to the other warps;
 //   1  the consumer: every tile's mainloop (128×128, both 64-row halves), then it only
 //      rounds the accumulators to T (exactly the GEMM's stored output) into staged[j % 2],
-//      in TMA's 64×64 swizzled boxes, and goes on to the next tile (its MMAs idle only
-//      while it stages, instead of while an activation runs);
+//      in TMA's 64×64 swizzled boxes, and goes on to the next tile (each half is staged
+//      beside the other half's or the next tile's MMAs: Note [Overlapped tile boundary]);
 //   2, 3  activation warpgroups: warpgroup 2 + c owns the tile's column block c (64
 //      columns, both row boxes). Per tile it reads its boxes of staged[j % 2] with 16-byte
 //      accesses, computes the outputs, writes them back in place and stores them with TMA;
