@@ -38,7 +38,7 @@ namespace ffn::train {
 // stream behind the collective, so nothing reads or writes it while NCCL does. A gradient
 // that is not contiguous is replaced by a contiguous copy first. ZeRO-1 (shard) keeps the
 // flat buffers: its reduce-scatter and the shards (train/dist/zero.h) need one flat layout.
-// Measured (2 H100s, gpt2_small, session 26, one run each, bench/RESULTS.md): the step on
+// Measured (2 H100s, gpt2_small, session 26, one run each, bench/RESULTS-2026-11-27-s26-29.md): the step on
 // the GPU's clock 34.13 -> 33.88 ms, forward+backward 32.40 -> 32.08.
 
 struct SyncStats {

@@ -121,7 +121,7 @@ struct TileScheduler {
 // PTX memory model orders but compute-sanitizer's racecheck does not follow: it reported the
 // lanes' loads against the producer's next store into the slot. Lane 0 reading and passing
 // the entry on by shuffle, also clean, changed the backward kernels' register allocation and
-// measured slower on the bf16 gelu_erf backward: bench/RESULTS.md session 27.)
+// measured slower on the bf16 gelu_erf backward: bench/RESULTS-2026-11-27-s26-29.md session 27.)
 //   full[s]   count 1: the producer's arrive after writing entry k into slot k % kSlots;
 //   empty[s]  count kReaders threads: each reader's arrive once it has read the entry (the
 //             producer reuses the slot for entry k + kSlots).
