@@ -67,8 +67,8 @@ OwnGemm own_gemm();  // throws, naming the variable, on an FFN_OWN_GEMM it does 
 // 0; any other call of the same shape runs cuBLASLt's algorithm for it. With autotuning the
 // first call of a large product times its cooperative and ping-pong schedules (unsplit) and
 // its automatic one (which may split K, by the shape and the SM count: Note [Split-K])
-// beside cuBLASLt's candidates, each the median of three runs of four back-to-back launches
-// (so the host's launch time is not counted), and the fastest runs from then on. The choice
+// beside cuBLASLt's candidates, all timed alike (Note [Tuning with a cold L2] in
+// kernels/cuda/gemm.cu), and the fastest runs from then on. The choice
 // is part of Note [GEMM choices]: a resumed run and every rank under data parallelism run the
 // same kernel with the same schedule. FFN_GEMM_TUNE_LOG=1 prints every candidate's time.
 
