@@ -223,16 +223,28 @@ void set_pointers(const Plan& p, const Call& call) {
 // ran during a dip. Before each timed launch a memset of twice L2's size evicts L2, as a
 // training step's other kernels do between two uses of an operand, and keeps the GPU busy
 // while the host launches the candidate, so neither the host's launch time nor a warm L2 is
-// counted. With L2 warm (four launches back to back, the median of three such runs, candidate
+// counted. The memset writes the candidates' scratch output, allocated at twice L2's size where
+// the product's output is smaller, so tuning takes no memory beyond the larger of the two (a
+// buffer of its own raised gpt2_small's peak by 0.2 GiB: the first step tunes its products
+// while the step's activations are alive). With L2 warm (four launches back to back, the median of three such runs, candidate
 // after candidate: the method until session 34), gpt2_small's fc2 weight gradient (768 ×
 // 3072 × 16384, Aᵀ) took a split-K kernel measured at 0.113-0.118 ms with its reduce that ran
 // 113.6 + 18.6 us in the training step, where torch.compile's step ran a 128×160 kernel in
 // 105 us (H100, session 34, ncu and torch.profiler). FFN_GEMM_TUNE_COLD=0 times the old way.
 constexpr int kRounds = 5;
 
+// The bytes of the candidates' scratch output: the product's output, at least twice L2's size
+// when the timing evicts L2 (Note [Tuning with a cold L2]).
+size_t scratch_bytes(int dev, size_t out_bytes) {
+  return tune_cold() ? std::max(out_bytes, 2 * static_cast<size_t>(properties(dev).l2CacheSize))
+                     : out_bytes;
+}
+
 // The candidates' times in ms (INFINITY where the first, untimed run failed). runs[i]() launches
-// candidate i on the stream and returns whether it could.
-std::vector<float> time_candidates(int dev, const std::vector<std::function<bool()>>& runs) {
+// candidate i on the stream and returns whether it could; `scratch` (scratch_bytes of it) is
+// the output they write, overwritten before each timed launch.
+std::vector<float> time_candidates(int dev, const std::vector<std::function<bool()>>& runs,
+                                   void* scratch, size_t bytes) {
   cudaStream_t s = stream(dev);
   std::vector<float> best(runs.size(), INFINITY);
   std::vector<bool> ok(runs.size());
@@ -248,9 +260,6 @@ std::vector<float> time_candidates(int dev, const std::vector<std::function<bool
     }
     return best;
   }
-  const size_t flush_bytes = 2 * static_cast<size_t>(properties(dev).l2CacheSize);
-  const Tensor flush = Tensor::empty({static_cast<int64_t>(flush_bytes / 4)}, DType::i32,
-                                     Device::cuda(dev));
   std::vector<std::vector<float>> ms(runs.size());
   cudaEvent_t a, b;
   FFN_CHECK_CUDA(cudaEventCreate(&a));
@@ -258,7 +267,7 @@ std::vector<float> time_candidates(int dev, const std::vector<std::function<bool
   for (int r = 0; r < kRounds; ++r)
     for (size_t i = 0; i < runs.size(); ++i) {
       if (!ok[i]) continue;
-      FFN_CHECK_CUDA(cudaMemsetAsync(flush.data_ptr(), r, flush_bytes, s));
+      FFN_CHECK_CUDA(cudaMemsetAsync(scratch, r, bytes, s));
       FFN_CHECK_CUDA(cudaEventRecord(a, s));
       runs[i]();
       FFN_CHECK_CUDA(cudaEventRecord(b, s));
@@ -403,8 +412,12 @@ Plan make_plan(const Key& key, const Call& call, const OwnCall& own) {
       return p;
     }
     set_pointers(p, call);  // epilogue outputs are rewritten by the real call
-    const Tensor scratch =
-        Tensor::empty({key.batch, key.m, key.n}, key.dtype, Device::cuda(key.device));
+    const int64_t out_elems = key.batch * key.m * key.n;
+    const size_t bytes =
+        scratch_bytes(key.device, static_cast<size_t>(out_elems) * dtype_size(key.dtype));
+    const Tensor scratch = Tensor::empty(
+        {static_cast<int64_t>((bytes + dtype_size(key.dtype) - 1) / dtype_size(key.dtype))},
+        key.dtype, Device::cuda(key.device));
     // Note [Tuning with a cold L2]: cuBLASLt's candidates, then the own GEMM's schedules.
     std::vector<std::function<bool()>> runs;
     for (int i = 0; i < found; ++i)
@@ -413,14 +426,14 @@ Plan make_plan(const Key& key, const Call& call, const OwnCall& own) {
       });
     const Engine own_engines[] = {Engine::sm90_cooperative, Engine::sm90_pingpong,
                                   Engine::sm90_automatic};
-    Tensor c = scratch.reshape({key.batch * key.m, key.n});
+    Tensor c = scratch.narrow(0, 0, out_elems).reshape({key.batch * key.m, key.n});
     if (time_own)  // Note [Own GEMM in gemm()]
       for (Engine e : own_engines)
         runs.push_back([&, e] {
           sm90_gemm(own.a, own.b, c, own_args(key, own.bias, e));
           return true;
         });
-    const std::vector<float> t = time_candidates(key.device, runs);
+    const std::vector<float> t = time_candidates(key.device, runs, scratch.data_ptr(), bytes);
     std::ostringstream log;  // FFN_GEMM_TUNE_LOG=1: every candidate's time, on stderr
     log << "[gemm tune] " << dtype_name(key.in) << ' ' << key.m << 'x' << key.n << 'x' << key.k
         << (key.ta ? " Aᵀ" : "") << (key.tb ? " Bᵀ" : "") << (tune_cold() ? " (cold L2)" : "")
