@@ -220,17 +220,20 @@ void set_pointers(const Plan& p, const Call& call) {
 // in rounds, each candidate once a round in the same order, and each keeps the median of its
 // kRounds times: a drift of the clock (the power cap swings it about once a second, Note
 // [Timing window] in bench/timing.h) then moves every candidate alike instead of whichever
-// ran during a dip. Before each timed launch a memset of twice L2's size evicts L2, as a
-// training step's other kernels do between two uses of an operand, and keeps the GPU busy
-// while the host launches the candidate, so neither the host's launch time nor a warm L2 is
-// counted. The memset writes the candidates' scratch output, allocated at twice L2's size where
-// the product's output is smaller, so tuning takes no memory beyond the larger of the two (a
-// buffer of its own raised gpt2_small's peak by 0.2 GiB: the first step tunes its products
-// while the step's activations are alive). With L2 warm (four launches back to back, the median of three such runs, candidate
-// after candidate: the method until session 34), gpt2_small's fc2 weight gradient (768 ×
-// 3072 × 16384, Aᵀ) took a split-K kernel measured at 0.113-0.118 ms with its reduce that ran
-// 113.6 + 18.6 us in the training step, where torch.compile's step ran a 128×160 kernel in
-// 105 us (H100, session 34, ncu and torch.profiler). FFN_GEMM_TUNE_COLD=0 times the old way.
+// ran during a dip. Before each timed launch a memset of at least twice L2's size evicts L2,
+// as a training step's other kernels do between two uses of an operand, and keeps the GPU
+// busy while the host launches the candidate, so neither the host's launch time nor a warm
+// L2 is counted. The memset writes the candidates' scratch output, allocated at twice L2's
+// size where the product's output is smaller, so tuning needs no memory beyond the larger of
+// the two: a buffer of its own raised gpt2_small's peak from 7.70 to 7.90 GiB, since the first
+// step tunes its products while its activations are alive.
+// Before (the method until session 34, still FFN_GEMM_TUNE_COLD=0): candidate after
+// candidate, each the median of three runs of four back-to-back launches with L2 warm. For
+// gpt2_small's fc2 weight gradient (768 × 3072 × 16384, Aᵀ) that picked a split-K kernel in
+// two of three processes, measured at 0.113-0.118 ms with its reduce, which ran 113.6 +
+// 18.6 us in the training step where a 128×160 kernel (cuBLASLt's first candidate, 0.108 when
+// it won) runs 109; timed as here the 128×160 kernel won in both processes, 3-5% ahead of the
+// split-K one (H100, session 34, bench/RESULTS.md).
 constexpr int kRounds = 5;
 
 // The bytes of the candidates' scratch output: the product's output, at least twice L2's size
