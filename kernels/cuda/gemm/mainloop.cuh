@@ -200,6 +200,21 @@ struct Mainloop {
     if (prev >= 0 && lane == 0) release(prev);
   }
 
+  // Both 64-row halves' MMAs of stage s, interleaved a k16 step at a time (acc0: rows [0, 64),
+  // acc1: [64, 128)); `first`: the tile's first k-block, whose first step overwrites them.
+  template <int R>
+  __device__ __forceinline__ void mma_both(float (&acc0)[R], float (&acc1)[R], int s,
+                                           bool first) const {
+    using Mma = Wgmma<BN, T>;
+    const uint64_t da0 = a_desc(s, 0), da1 = a_desc(s, 1), db = b_desc(s);
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      const int scale = (first && kk == 0) ? 0 : 1;
+      Mma::template mma<A_MN, B_MN>(acc0, da0 + kStepA * kk, db + kStepB * kk, scale);
+      Mma::template mma<A_MN, B_MN>(acc1, da1 + kStepA * kk, db + kStepB * kk, scale);
+    }
+  }
+
   // Ping-pong (Note [Hopper GEMM ping-pong]): one warpgroup accumulates a whole 128-row tile,
   // rows [0, 64) in acc0 and [64, 128) in acc1.
   template <int R>
@@ -211,14 +226,8 @@ struct Mainloop {
     int prev = -1;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
-      const uint64_t da0 = a_desc(stage, 0), da1 = a_desc(stage, 1), db = b_desc(stage);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) {
-        const int scale = (kb > 0 || kk > 0) ? 1 : 0;
-        Mma::template mma<A_MN, B_MN>(acc0, da0 + kStepA * kk, db + kStepB * kk, scale);
-        Mma::template mma<A_MN, B_MN>(acc1, da1 + kStepA * kk, db + kStepB * kk, scale);
-      }
+      mma_both(acc0, acc1, stage, kb == 0);
       wgmma_commit();
       if (prev >= 0) {
         wgmma_wait<1>();
@@ -300,12 +309,7 @@ struct Mainloop {
         for (int kb = 1; kb + 1 < kbs; ++kb) {  // the middle k-blocks: a group each
           mbar_wait(&full[stage], phase);
           wgmma_fence();
-          const uint64_t da0 = a_desc(stage, 0), da1 = a_desc(stage, 1), db = b_desc(stage);
-#pragma unroll
-          for (int kk = 0; kk < BK / 16; ++kk) {
-            Mma::template mma<A_MN, B_MN>(acc0, da0 + kStepA * kk, db + kStepB * kk, 1);
-            Mma::template mma<A_MN, B_MN>(acc1, da1 + kStepA * kk, db + kStepB * kk, 1);
-          }
+          mma_both(acc0, acc1, stage, false);
           wgmma_commit();
           wgmma_wait<1>();
           if (lane == 0) release(held);
