@@ -154,7 +154,11 @@ void Var::backward(const Tensor& d_out, const LeafHook& on_leaf_ready) const {
     node->sums_final.assign(node->inputs.size(), false);
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const Var& in = node->inputs[i];
-      if (!in.defined() || !in.requires_grad() || !in.grad_fn()) continue;
+      if (!in.defined() || !in.requires_grad()) continue;
+      if (!in.grad_fn()) {  // a leaf: its gradient so far
+        if (in.impl()->grad.defined()) node->sums[i] = &in.impl()->grad;
+        continue;
+      }
       int own = 0;  // this node's edges into the same producer
       for (const Var& other : node->inputs)
         if (other.defined() && other.grad_fn() == in.grad_fn()) ++own;

@@ -19,17 +19,20 @@
 // Note [Accumulating backward]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Right before a node's backward, the engine sets node->sums[i] to the gradient it has
-// already summed for inputs[i] when inputs[i] is an op's output with a defined pending sum
-// (never a leaf's grad, which the user sees), else null. That tensor is the engine's own
-// (Note [Gradient ownership]), so a node may add its gradient for input i into *sums[i] in
-// place — in the kernel that computes it, saving a pass — and return an undefined tensor
+// already summed for inputs[i] when inputs[i] is an op's output with a defined pending sum,
+// or a leaf whose grad is defined (what the engine would add this node's gradient to with
+// add_, in place, anyway), else null. A node may add its gradient for input i into *sums[i]
+// in place — in the kernel that computes it, saving a pass — and return an undefined tensor
 // for i. LayerNorm does this for the residual stream (layers/functional.cpp): the residual
-// add's gradient always arrives first. sums_final[i] is true when no node left to run feeds
-// inputs[i] besides this one (set for every op output, with or without a pending sum): the
-// sum is complete once this node has added to it, so the node may also derive what
-// inputs[i]'s producer will need from it (Note [Residual add and norm]); with sums[i] null as
-// well, the producer receives exactly what this node returns for i (Note [Branch bias
-// gradient]). sums and sums_final are cleared after backward.
+// add's gradient always arrives first; the token embedding for a table tied to the LM head,
+// whose gradient backward made first (Note [Embeddings in one pass] in kernels/embedding.h).
+// The leaf hook still fires once the leaf's last node has run. sums_final[i] is true when no
+// node left to run feeds inputs[i] besides this one (set for every op output, with or
+// without a pending sum; false for leaves): the sum is complete once this node has added to
+// it, so the node may also derive what inputs[i]'s producer will need from it (Note
+// [Residual add and norm]); with sums[i] null as well, the producer receives exactly what
+// this node returns for i (Note [Branch bias gradient]). sums and sums_final are cleared
+// after backward.
 #pragma once
 
 #include <functional>

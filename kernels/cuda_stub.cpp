@@ -103,12 +103,13 @@ void dropout_add_backward(const Tensor&, const DropoutSpec&, Tensor&) {
   no_cuda("dropout_add_backward");
 }
 
-void embedding(const Tensor&, const Tensor&, Tensor&) {
+void embedding_sum(const Tensor&, const Tensor&, const Tensor&, int64_t, Tensor&) {
   no_cuda("embedding");
 }
-void embedding_backward(const Tensor&, const Tensor&, Tensor&) {
+void embedding_backward(const Tensor&, const Tensor&, Tensor&, bool) {
   no_cuda("embedding_backward");
 }
+void position_grad(const Tensor&, int64_t, Tensor&) { no_cuda("position_grad"); }
 int64_t first_bad_index(const Tensor&, int64_t) {
   no_cuda("check_indices");
 }

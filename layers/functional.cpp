@@ -188,22 +188,56 @@ class FfnNode final : public Node, public BranchBiasGrad {
   FfnForward saved_;  // z (and whether it includes b1); never y
 };
 
+// The table's gradient goes into what the engine already summed for it when there is such a
+// sum (a tied LM head's, Note [Accumulating backward]): no zeroed table, no separate add.
+Tensor table_grad(const Node& node, const Tensor& ids, const Tensor& d2) {
+  const Tensor& table = node.inputs[0].value();
+  Tensor* sum = node.sums.empty() ? nullptr : node.sums[0];
+  if (sum && sum->dtype() == table.dtype() && sum->shape() == table.shape() &&
+      sum->is_contiguous()) {
+    // The forward checked these ids (or its caller vouched for them): no second check.
+    embedding_backward(ids, d2, *sum, /*check_ids=*/false, /*accumulate=*/true);
+    return Tensor();
+  }
+  Tensor d = Tensor::empty(table.shape(), table.dtype(), table.device());
+  embedding_backward(ids, d2, d, /*check_ids=*/false);
+  return d;
+}
+
 class EmbeddingNode final : public Node {
  public:
   explicit EmbeddingNode(Tensor ids) : ids_(std::move(ids)) {}
   const char* name() const override { return "embedding"; }
   std::vector<Tensor> backward(Tensor d_out) override {
-    const Tensor& table = inputs[0].value();
-    Tensor d = Tensor::empty(table.shape(), table.dtype(), table.device());
-    // The forward checked these ids (or its caller vouched for them): no second check.
-    embedding_backward(ids_, d_out.reshape({ids_.numel(), table.size(1)}), d,
-                       /*check_ids=*/false);
-    return {d};
+    return {table_grad(*this, ids_, d_out.reshape({ids_.numel(), inputs[0].value().size(1)}))};
   }
   void release() override { ids_ = Tensor(); }
 
  private:
   Tensor ids_;  // flattened
+};
+
+// inputs: table and pos (maybe undefined). Note [Embeddings in one pass].
+class EmbeddingSumNode final : public Node {
+ public:
+  EmbeddingSumNode(Tensor ids, int64_t t) : ids_(std::move(ids)), t_(t) {}
+  const char* name() const override { return "embedding_sum"; }
+  std::vector<Tensor> backward(Tensor d_out) override {
+    const Tensor d2 = d_out.reshape({ids_.numel(), inputs[0].value().size(1)});
+    std::vector<Tensor> g(2);
+    if (inputs[0].requires_grad()) g[0] = table_grad(*this, ids_, d2);
+    if (inputs[1].defined() && inputs[1].requires_grad()) {
+      const Tensor& pos = inputs[1].value();
+      g[1] = Tensor::empty(pos.shape(), pos.dtype(), pos.device());
+      position_grad(d2, t_, g[1]);
+    }
+    return g;
+  }
+  void release() override { ids_ = Tensor(); }
+
+ private:
+  Tensor ids_;  // flattened
+  int64_t t_;
 };
 
 // LayerNorm, or RMSNorm when there is no mean (inputs x, w and an undefined b).
@@ -460,6 +494,18 @@ Var embedding(const Tensor& ids, const Var& table, bool check_ids) {
   Shape shape = ids.shape();
   shape.push_back(t.size(1));
   return make_output(out.reshape(shape), std::make_shared<EmbeddingNode>(flat), {table});
+}
+
+Var embedding_sum(const Tensor& ids, const Var& table, const Var& pos, DType dtype,
+                  bool check_ids) {
+  const Tensor& t = table.value();
+  check_dim(t, 2, "embedding_sum", "table");
+  check_dim(ids, 2, "embedding_sum", "ids");
+  const Tensor flat = ids.contiguous().reshape({ids.numel()});
+  Tensor out = Tensor::empty({flat.numel(), t.size(1)}, dtype, t.device());
+  ffn::embedding_sum(flat, t, pos.defined() ? pos.value() : Tensor(), ids.size(1), out, check_ids);
+  return make_output(out.reshape({ids.size(0), ids.size(1), t.size(1)}),
+                     std::make_shared<EmbeddingSumNode>(flat, ids.size(1)), {table, pos});
 }
 
 Var layer_norm(const Var& x, const Var& w, const Var& b, double eps) {

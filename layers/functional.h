@@ -35,6 +35,11 @@ Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2
 // out[..., :] = table[ids[...], :]; ids: i32 of any shape, table: [V, C] → [..., C].
 // check_ids: see kernels/embedding.h (false only for ids the caller built in range).
 Var embedding(const Tensor& ids, const Var& table, bool check_ids = true);
+// table[ids] + pos[positions] (pos optional, position of ids[b, t] = t) as `dtype` (table's,
+// or fp32 for a 16-bit table: the residual stream), one pass each way (Note [Embeddings in
+// one pass] in kernels/embedding.h). ids [B, T] → [B, T, C].
+Var embedding_sum(const Tensor& ids, const Var& table, const Var& pos, DType dtype,
+                  bool check_ids = true);
 // LayerNorm over the last dimension (kernels/layer_norm.h); b may be an undefined Var. The
 // output has w's dtype (x may be the fp32 residual stream of a 16-bit model on the GPU).
 Var layer_norm(const Var& x, const Var& w, const Var& b, double eps = 1e-5);

@@ -30,14 +30,22 @@ Embedding::Embedding(int64_t num, int64_t dim, double init_std, const ParamInit&
   w_ = register_parameter("weight", padded_randn(num, dim, rows, init_std, place, init));
 }
 
-Var Embedding::forward(const Tensor& ids, bool check_ids) {
+bool Embedding::kernel_checks_ids(const Tensor& ids, bool check_ids) const {
   check_same_device(ids, w_.value(), "embedding", "ids", "weight");
   // The kernels check against the table's rows; padding rows are not ids.
   if (check_ids && num_ < w_.value().size(0)) {
     detail::check_indices(ids.contiguous(), num_, "embedding", "ids", true);
-    check_ids = false;
+    return false;
   }
-  return fn::embedding(ids, w_, check_ids);
+  return check_ids;
+}
+
+Var Embedding::forward(const Tensor& ids, bool check_ids) {
+  return fn::embedding(ids, w_, kernel_checks_ids(ids, check_ids));
+}
+
+Var Embedding::forward_sum(const Tensor& ids, const Var& pos, DType dtype, bool check_ids) {
+  return fn::embedding_sum(ids, w_, pos, dtype, kernel_checks_ids(ids, check_ids));
 }
 
 LayerNorm::LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps)
@@ -237,15 +245,6 @@ GPT::GPT(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
     }
 }
 
-Tensor GPT::positions(int64_t b, int64_t t) {
-  if (!pos_cache_.defined() || pos_cache_.size(0) != b || pos_cache_.size(1) != t) {
-    std::vector<double> pos(static_cast<size_t>(b * t));
-    for (int64_t i = 0; i < b * t; ++i) pos[i] = static_cast<double>(i % t);
-    pos_cache_ = Tensor::from_vector(pos, {b, t}, DType::i32, cfg_.place.device);
-  }
-  return pos_cache_;
-}
-
 Var GPT::hidden(const Tensor& ids, bool ids_in_range) {
   FFN_CHECK(ids.dim() == 2, "[gpt] ids must be [B, T], got ", ids.desc());
   FFN_CHECK(ids.size(1) >= 1 && ids.size(1) <= cfg_.context, "[gpt] sequence length ",
@@ -254,9 +253,8 @@ Var GPT::hidden(const Tensor& ids, bool ids_in_range) {
   // (embeddings, residual adds, LayerNorm inputs) is kept in fp32, as PyTorch's autocast
   // does; only the branches (attention, FFN, the LM head) run in 16 bits.
   const DType stream = cfg_.fp32_residual ? acc_dtype(cfg_.place.dtype) : cfg_.place.dtype;
-  Var x = fn::cast(wte_->forward(ids, !ids_in_range), stream);
-  if (wpe_)
-    x = fn::add(x, wpe_->forward(positions(ids.size(0), ids.size(1)), /*check_ids=*/false));
+  // Token and position embeddings in one pass (Note [Embeddings in one pass]).
+  Var x = wte_->forward_sum(ids, wpe_ ? wpe_->weight() : Var(), stream, !ids_in_range);
   x = drop_.forward(x);
   // Each block's last residual add runs in one pass with the norm after it: the next
   // block's first norm, or ln_f (Note [Residual add and norm]).

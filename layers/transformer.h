@@ -23,9 +23,15 @@ class Embedding : public Module {
   // ids: i32 of any shape with values in [0, num) → [..., dim]. check_ids: see
   // kernels/embedding.h.
   Var forward(const Tensor& ids, bool check_ids = true);
+  // table[ids] + pos[positions] as dtype (fn::embedding_sum; ids [B, T]).
+  Var forward_sum(const Tensor& ids, const Var& pos, DType dtype, bool check_ids = true);
   const Var& weight() const { return w_; }
 
  private:
+  // Checks ids against the vocabulary here where padding rows follow it; whether the kernel
+  // still has to.
+  bool kernel_checks_ids(const Tensor& ids, bool check_ids) const;
+
   int64_t num_;
   Var w_;
 };
@@ -244,7 +250,6 @@ class GPT : public Module {
   NamedTensors stored_view(NamedTensors ts) const;
 
  private:
-  Tensor positions(int64_t b, int64_t t);
   GptConfig cfg_;
   std::shared_ptr<Generator> rng_;
   ModuleGroup model_;                     // llama: "model"
@@ -253,7 +258,6 @@ class GPT : public Module {
   std::vector<std::unique_ptr<PreNormBlock>> h_;
   std::unique_ptr<ResidualNorm> ln_f_;
   Var lm_head_;  // untied head
-  Tensor pos_cache_;
 };
 
 }  // namespace ffn

@@ -58,6 +58,68 @@ TEST_CASE("embedding gathers rows; its backward sums repeated ids; FD check") {
                        doctest::Contains("ids must be i32"), Error);
 }
 
+TEST_CASE("embedding_sum adds position rows; the backward accumulates and sums positions") {
+  Generator g(22);
+  const Tensor table = rand64({7, 4}, g), pos = rand64({5, 4}, g);
+  const Tensor ids = ids_of({6, 0, 6, 3, 1, 6});  // two sequences of t = 3
+  Tensor out = Tensor::empty({6, 4}, DType::f64);
+  embedding_sum(ids, table, pos, 3, out);
+  const auto tv = table.to_vector(), pv = pos.to_vector(), ov = out.to_vector();
+  const int idv[] = {6, 0, 6, 3, 1, 6};
+  for (int i = 0; i < 6; ++i)
+    for (int j = 0; j < 4; ++j) CHECK(ov[i * 4 + j] == tv[idv[i] * 4 + j] + pv[(i % 3) * 4 + j]);
+  // Accumulate: named rows are old + Σ, the others keep their values.
+  const Tensor dout = rand64({6, 4}, g), old = rand64({7, 4}, g);
+  Tensor dt = old.clone();
+  embedding_backward(ids, dout, dt, true, /*accumulate=*/true);
+  const auto dv = dout.to_vector(), gv = dt.to_vector(), wv = old.to_vector();
+  for (int j = 0; j < 4; ++j) {
+    CHECK(gv[6 * 4 + j] == doctest::Approx(wv[6 * 4 + j] + dv[j] + dv[8 + j] + dv[20 + j]));
+    CHECK(gv[2 * 4 + j] == wv[2 * 4 + j]);  // never named
+  }
+  Tensor dp = Tensor::empty({5, 4}, DType::f64);
+  position_grad(dout, 3, dp);
+  const auto pg = dp.to_vector();
+  for (int p = 0; p < 5; ++p)
+    for (int j = 0; j < 4; ++j)
+      CHECK(pg[p * 4 + j] == doctest::Approx(p < 3 ? dv[p * 4 + j] + dv[(p + 3) * 4 + j] : 0.0));
+  const Tensor ids2 = ids.reshape({2, 3});
+  gradcheck([&](const std::vector<Var>& in) {
+    return fn::embedding_sum(ids2, in[0], in[1], DType::f64);
+  }, {table, pos}, {"table", "pos"});
+  gradcheck([&](const std::vector<Var>& in) {
+    return fn::embedding_sum(ids2, in[0], Var(), DType::f64);
+  }, {table}, {"table"});
+  CHECK_THROWS_WITH_AS(embedding_sum(ids, table, pos, 4, out),
+                       doctest::Contains("[embedding_sum] t=4 must be in [1, 5]"), Error);
+  CHECK_THROWS_WITH_AS(embedding_sum(ids, table, rand64({5, 3}, g), 3, out),
+                       doctest::Contains("[embedding_sum] pos must be [P, 4] f64"), Error);
+  Tensor out32 = Tensor::empty({6, 4}, DType::f32);
+  CHECK_THROWS_WITH_AS(embedding_sum(ids, table, pos, 3, out32),
+                       doctest::Contains("[embedding_sum]"), Error);
+  Tensor dp_bad = Tensor::empty({2, 4}, DType::f64);
+  CHECK_THROWS_WITH_AS(position_grad(dout, 3, dp_bad),
+                       doctest::Contains("[position_grad] t=3 must be in [1, 2]"), Error);
+}
+
+TEST_CASE("a table used twice: the embedding adds its gradient into the one already summed") {
+  // The LM head's product runs backward first and leaves the leaf's gradient; embedding_sum
+  // adds into it in place (Note [Accumulating backward]). The result equals two copies'.
+  Generator g(23);
+  const Tensor table = rand64({6, 3}, g), x = rand64({2, 4, 3}, g);
+  const Tensor ids = ids_of({5, 0, 5, 2, 1, 1, 3, 5}).reshape({2, 4});
+  const Tensor t1 = rand64({2, 4, 3}, g), t2 = rand64({2, 4, 6}, g);
+  auto loss = [&](const Var& a, const Var& b) {
+    const Var e = fn::embedding_sum(ids, a, Var(), DType::f64);
+    const Var h = fn::linear(fn::add(e, Var(x)), b, Var());
+    return fn::add(fn::mse_loss(e, t1), fn::mse_loss(h, t2));
+  };
+  Var tied(table.clone(), true), a(table.clone(), true), b(table.clone(), true);
+  loss(tied, tied).backward();
+  loss(a, b).backward();
+  check_close(tied.grad(), a.grad().plus(b.grad()), 1e-12, 1e-12, "tied gradient");
+}
+
 FFN_GPU_TEST("embedding on the GPU: gather exact, backward deterministic and equal to CPU") {
   Generator g(31);
   for (auto [n, v, c] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
@@ -101,4 +163,47 @@ FFN_GPU_TEST("embedding on the GPU: gather exact, backward deterministic and equ
   const Tensor table = Tensor::zeros({5, 3}, DType::f32, kGpu);
   CHECK_THROWS_WITH_AS(embedding(Tensor::from_vector({1, 7}, {2}, DType::i32, kGpu), table, out),
                        doctest::Contains("[embedding] ids[1]=7 is out of range [0, 5)"), Error);
+}
+
+FFN_GPU_TEST("embedding_sum, the accumulating backward and position_grad on the GPU") {
+  Generator g(32);
+  struct Case {
+    int64_t seqs, t, v, c, p;
+  };
+  for (const Case k : {Case{1, 1, 1, 1, 1}, Case{3, 37, 65, 384, 64}, Case{4, 128, 1000, 768, 256},
+                       Case{2, 5, 7, 5, 9}, Case{64, 16, 3, 40, 16}})
+    for (auto [dt, wide] : {std::pair{DType::bf16, true}, std::pair{DType::bf16, false},
+                            std::pair{DType::f32, false}}) {
+      const DType ot = wide ? DType::f32 : dt;
+      const int64_t n = k.seqs * k.t;
+      const Tensor table = rand64({k.v, k.c}, g).to(dt), pos = rand64({k.p, k.c}, g).to(dt);
+      const Tensor id = ids(n, k.v, 5);
+      Tensor out = Tensor::empty({n, k.c}, ot, kGpu);
+      embedding_sum(id.to(kGpu), table.to(kGpu), pos.to(kGpu), k.t, out);
+      // fp32 addition rounds the exact sum once, as the f64 sum rounded to fp32 does.
+      Tensor ref = Tensor::empty({n, k.c}, DType::f32);
+      embedding_sum(id, table.to(DType::f32), pos.to(DType::f32), k.t, ref);
+      check_close(out.to(Device::cpu()).to(DType::f64), ref.to(ot).to(DType::f64), 0, 0,
+                  "embedding_sum");
+      const Tensor dout = rand64({n, k.c}, g).to(ot), old = rand64({k.v, k.c}, g).to(dt);
+      Tensor d1 = old.to(kGpu).clone(), d2 = old.to(kGpu).clone();
+      embedding_backward(id.to(kGpu), dout.to(kGpu), d1, true, true);
+      embedding_backward(id.to(kGpu), dout.to(kGpu), d2, true, true);
+      check_close(d1.to(Device::cpu()).to(DType::f64), d2.to(Device::cpu()).to(DType::f64), 0, 0,
+                  "accumulating embedding backward is bitwise deterministic");
+      Tensor r64 = old.to(DType::f64), r32 = old.to(DType::f32);
+      embedding_backward(id, dout.to(DType::f64), r64, true, true);
+      embedding_backward(id, dout.to(DType::f32), r32, true, true);
+      check_against_reference(d1, r64, r32, dt, "accumulating embedding backward",
+                              {.reduce_len = static_cast<double>(n) / static_cast<double>(k.v) + 2,
+                               .term_bound = 4 * max_abs(r64)});
+      Tensor p1 = Tensor::empty({k.p, k.c}, dt, kGpu);
+      position_grad(dout.to(kGpu), k.t, p1);
+      Tensor q64 = Tensor::empty({k.p, k.c}, DType::f64), q32 = Tensor::empty({k.p, k.c}, DType::f32);
+      position_grad(dout.to(DType::f64), k.t, q64);
+      position_grad(dout.to(DType::f32), k.t, q32);
+      check_against_reference(p1, q64, q32, dt, "position_grad",
+                              {.reduce_len = static_cast<double>(k.seqs),
+                               .term_bound = 1.0});
+    }
 }
