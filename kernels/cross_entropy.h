@@ -23,7 +23,7 @@
 //   scale_by:            y = x · s, s a one-element tensor in acc_dtype(y) read on the device
 //                        (no sync): the classifier's gradients, made in the forward for
 //                        d_loss = 1, times the d_loss that backward brings. x is y's dtype or
-//                        acc_dtype(y); y may be x.
+//                        acc_dtype(y); y may be x (then s = 1 exactly writes nothing).
 #pragma once
 
 #include <optional>

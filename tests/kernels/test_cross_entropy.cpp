@@ -296,6 +296,12 @@ FFN_GPU_TEST("cross_entropy_rows on the GPU matches the CPU: vector, scalar, sta
   const auto xv = x.to_vector(), yv = y.to(DType::f64).to(Device::cpu()).to_vector();
   for (size_t i = 0; i < xv.size(); ++i)
     REQUIRE(yv[i] == Tensor::full({}, 0.5 * xv[i], DType::bf16).to(DType::f64).item());
+  // In place (the classifier's dx): a factor of 1 keeps the bits, 0.5 halves every entry.
+  scale_by(y, Tensor::full({}, 1.0, DType::f32, kGpu), y);
+  CHECK(y.to(DType::f64).to(Device::cpu()).to_vector() == yv);
+  scale_by(y, Tensor::full({}, 0.5, DType::f32, kGpu), y);
+  const auto hv = y.to(DType::f64).to(Device::cpu()).to_vector();
+  for (size_t i = 0; i < yv.size(); ++i) REQUIRE(hv[i] == 0.5 * yv[i]);
 }
 
 FFN_GPU_TEST("linear_cross_entropy on the GPU (bf16) matches the reference in any chunking") {
