@@ -21,7 +21,7 @@ void bias_act_dropout(const Tensor& z, const Tensor& b, Activation act, const Dr
     const T* zp = z.data<T>();
     const T* bp = b.defined() ? b.data<T>() : nullptr;
     T* out = hd.data<T>();
-    FFN_OMP_PARALLEL
+    FFN_OMP_PARALLEL_FOR_WORK(m * n)
     {
       MaskCursor mask(d);
       FFN_OMP_FOR
@@ -49,7 +49,7 @@ void bias_act_dropout_backward(const Tensor& dhd, const Tensor& z, const Tensor&
     std::vector<T> scratch(db && !dpre ? m * n : 0);
     T* dp = dpre ? dpre->data<T>() : db ? scratch.data() : nullptr;
     T* hp = hd ? hd->data<T>() : nullptr;
-    FFN_OMP_PARALLEL
+    FFN_OMP_PARALLEL_FOR_WORK(m * n)
     {
       MaskCursor mask(d);
       FFN_OMP_FOR

@@ -21,7 +21,7 @@ void bias_glu_dropout(const Tensor& z, const Tensor& b, Activation act, const Dr
     const T* zp = z.data<T>();
     const T* bp = b.defined() ? b.data<T>() : nullptr;
     T* o = out.data<T>();
-    FFN_OMP_PARALLEL
+    FFN_OMP_PARALLEL_FOR_WORK(m * h)
     {
       MaskCursor mask(d);
       FFN_OMP_FOR
@@ -46,7 +46,7 @@ void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor
     const T* bp = b.defined() ? b.data<T>() : nullptr;
     T* dzp = dz.data<T>();
     T* o = out ? out->data<T>() : nullptr;
-    FFN_OMP_PARALLEL
+    FFN_OMP_PARALLEL_FOR_WORK(m * h)
     {
       MaskCursor mask(d);
       FFN_OMP_FOR

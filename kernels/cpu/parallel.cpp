@@ -1,6 +1,8 @@
 // kernels/cpu/parallel.cpp — the CPU threads of kernels/cpu/parallel.h.
 #include "kernels/cpu/parallel.h"
 
+#include <algorithm>
+
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -13,6 +15,11 @@ int cpu_threads() {
 #else
   return 1;
 #endif
+}
+
+int threads_for(int64_t elements) {
+  const int64_t want = elements / kMinElementsPerThread;
+  return static_cast<int>(std::clamp<int64_t>(want, 1, cpu_threads()));
 }
 
 void set_cpu_threads(int n) {

@@ -170,8 +170,15 @@ TEST_CASE("the CPU activation kernels give the same bits on 1, 2 and 3 threads")
     if (cpu::cpu_threads() == 1) MESSAGE("built without OpenMP: the CPU loops run on one thread");
   }
   Generator g(9);
-  const Shape s{67, 40};
-  const Tensor z = rand64(s, g, 3.0).to(DType::f32), zg = rand64({67, 80}, g, 3.0).to(DType::f32);
+  // A team per kMinElementsPerThread elements, at most cpu_threads().
+  CHECK(cpu::threads_for(0) == 1);
+  CHECK(cpu::threads_for(cpu::kMinElementsPerThread - 1) == 1);
+  CHECK(cpu::threads_for(2 * cpu::kMinElementsPerThread) == std::min(2, cpu::cpu_threads()));
+  CHECK(cpu::threads_for(int64_t{1} << 40) == cpu::cpu_threads());
+  // Rows enough for teams of 3 (kernels/cpu/parallel.h's threads_for), and an odd count.
+  const int64_t rows = 3 * cpu::kMinElementsPerThread / 40 + 67;
+  const Shape s{rows, 40};
+  const Tensor z = rand64(s, g, 3.0).to(DType::f32), zg = rand64({rows, 80}, g, 3.0).to(DType::f32);
   const Tensor b = rand64({40}, g).to(DType::f32), bg = rand64({80}, g).to(DType::f32);
   const Tensor dy = rand64(s, g).to(DType::f32);
   const DropoutSpec d{0.25f, 11, 2};
@@ -183,7 +190,7 @@ TEST_CASE("the CPU activation kernels give the same bits on 1, 2 and 3 threads")
              db = Tensor::empty({40}, DType::f32), hd2 = Tensor::empty(s, DType::f32);
       bias_act_dropout(z, b, act, d, hd);
       bias_act_dropout_backward(dy, z, b, act, d, dz, &db, &hd2);
-      Tensor gout = Tensor::empty(s, DType::f32), gdz = Tensor::empty({67, 80}, DType::f32),
+      Tensor gout = Tensor::empty(s, DType::f32), gdz = Tensor::empty({rows, 80}, DType::f32),
              gdb = Tensor::empty({80}, DType::f32), gout2 = Tensor::empty(s, DType::f32);
       bias_glu_dropout(zg, bg, act, d, gout);
       bias_glu_dropout_backward(dy, zg, bg, act, d, gdz, &gdb, &gout2);
