@@ -18,15 +18,18 @@ std::vector<double> as_f64(const Tensor& t) { return t.to(DType::f64).to_vector(
 
 void embedding_sum(const Tensor& ids, const Tensor& table, const Tensor& pos, int64_t t,
                    Tensor& out) {
-  const int32_t* id = ids.data<int32_t>();
-  const int64_t n = ids.size(0), c = table.size(1);
-  const std::vector<double> tab = as_f64(table);
-  const std::vector<double> p = pos.defined() ? as_f64(pos) : std::vector<double>{};
-  std::vector<double> o(static_cast<size_t>(n * c));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c; ++j)
-      o[i * c + j] = tab[int64_t{id[i]} * c + j] + (p.empty() ? 0.0 : p[(i % t) * c + j]);
-  out.copy_(Tensor::from_vector(o, {n, c}, DType::f64));
+  // The CPU has no 16-bit dtypes: out is table's dtype. Only the named rows are read.
+  FFN_DISPATCH_FLOAT(table.dtype(), "embedding", [&]<class T>() {
+    const int32_t* id = ids.data<int32_t>();
+    const int64_t n = ids.size(0), c = table.size(1);
+    const T* tab = table.data<T>();
+    const T* p = pos.defined() ? pos.data<T>() : nullptr;
+    T* o = out.data<T>();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < c; ++j)
+        o[i * c + j] = static_cast<T>(static_cast<double>(tab[int64_t{id[i]} * c + j]) +
+                                      (p ? static_cast<double>(p[(i % t) * c + j]) : 0.0));
+  });
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table, bool accumulate) {
