@@ -11,11 +11,6 @@ namespace ffn {
 
 namespace cpu {
 
-namespace {
-// Row-major values as f64 (any float dtype; rows in fp32 beside a 16-bit table included).
-std::vector<double> as_f64(const Tensor& t) { return t.to(DType::f64).to_vector(); }
-}  // namespace
-
 void embedding_sum(const Tensor& ids, const Tensor& table, const Tensor& pos, int64_t t,
                    Tensor& out) {
   // The CPU has no 16-bit dtypes: out is table's dtype. Only the named rows are read.
@@ -33,31 +28,39 @@ void embedding_sum(const Tensor& ids, const Tensor& table, const Tensor& pos, in
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table, bool accumulate) {
-  const int32_t* id = ids.data<int32_t>();
-  const int64_t n = ids.size(0), c = d_table.size(1), v = d_table.size(0);
-  const std::vector<double> g = as_f64(d_out);
-  std::vector<double> acc(static_cast<size_t>(v * c), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c; ++j) acc[int64_t{id[i]} * c + j] += g[i * c + j];
-  if (accumulate) {
-    // Rows no id names keep their bits; the others are old + Σ, rounded once.
-    std::vector<double> old = as_f64(d_table);
+  // The CPU has no 16-bit dtypes: d_out is d_table's dtype.
+  FFN_DISPATCH_FLOAT(d_table.dtype(), "embedding_backward", [&]<class T>() {
+    const int32_t* id = ids.data<int32_t>();
+    const int64_t n = ids.size(0), c = d_table.size(1), v = d_table.size(0);
+    const T* g = d_out.data<T>();
+    T* d = d_table.data<T>();
+    std::vector<double> acc(static_cast<size_t>(v * c), 0.0);
     std::vector<char> named(static_cast<size_t>(v), 0);
-    for (int64_t i = 0; i < n; ++i) named[id[i]] = 1;
-    for (int64_t r = 0; r < v; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      named[id[i]] = 1;
       for (int64_t j = 0; j < c; ++j)
-        acc[r * c + j] = named[r] ? old[r * c + j] + acc[r * c + j] : old[r * c + j];
-  }
-  d_table.copy_(Tensor::from_vector(acc, {v, c}, DType::f64));
+        acc[int64_t{id[i]} * c + j] += static_cast<double>(g[i * c + j]);
+    }
+    // Accumulating, rows no id names keep their bits and the others are old + Σ, rounded once.
+    for (int64_t r = 0; r < v; ++r) {
+      if (accumulate && !named[r]) continue;
+      for (int64_t j = 0; j < c; ++j)
+        d[r * c + j] = static_cast<T>((accumulate ? static_cast<double>(d[r * c + j]) : 0.0) +
+                                      acc[r * c + j]);
+    }
+  });
 }
 
 void position_grad(const Tensor& d_out, int64_t t, Tensor& d_pos) {
-  const int64_t n = d_out.size(0), c = d_out.size(1), rows = d_pos.size(0);
-  const std::vector<double> g = as_f64(d_out);
-  std::vector<double> acc(static_cast<size_t>(rows * c), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c; ++j) acc[(i % t) * c + j] += g[i * c + j];
-  d_pos.copy_(Tensor::from_vector(acc, {rows, c}, DType::f64));
+  FFN_DISPATCH_FLOAT(d_pos.dtype(), "position_grad", [&]<class T>() {
+    const int64_t n = d_out.size(0), c = d_out.size(1), rows = d_pos.size(0);
+    const T* g = d_out.data<T>();
+    std::vector<double> acc(static_cast<size_t>(rows * c), 0.0);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < c; ++j) acc[(i % t) * c + j] += static_cast<double>(g[i * c + j]);
+    T* d = d_pos.data<T>();
+    for (int64_t k = 0; k < rows * c; ++k) d[k] = static_cast<T>(acc[k]);
+  });
 }
 
 }  // namespace cpu
