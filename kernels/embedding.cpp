@@ -64,10 +64,10 @@ void embedding_sum(const Tensor& ids, const Tensor& table, const Tensor& pos, in
 void embedding_backward(const Tensor& ids, const Tensor& d_out, Tensor& d_table, bool check_ids,
                         bool accumulate) {
   detail::check_matrix(d_out, "embedding_backward", "d_out");
-  validate(ids, d_table, d_out.contiguous(), "embedding_backward", "d_table", "d_out",
-           check_ids);
-  if (d_table.is_cuda()) return cuda::embedding_backward(ids, d_out.contiguous(), d_table, accumulate);
-  cpu::embedding_backward(ids, d_out.contiguous(), d_table, accumulate);
+  const Tensor dc = d_out.contiguous();
+  validate(ids, d_table, dc, "embedding_backward", "d_table", "d_out", check_ids);
+  if (d_table.is_cuda()) return cuda::embedding_backward(ids, dc, d_table, accumulate);
+  cpu::embedding_backward(ids, dc, d_table, accumulate);
 }
 
 void position_grad(const Tensor& d_out, int64_t t, Tensor& d_pos) {
@@ -75,12 +75,13 @@ void position_grad(const Tensor& d_out, int64_t t, Tensor& d_pos) {
   detail::check_matrix(d_pos, "position_grad", "d_pos");
   FFN_CHECK(d_pos.is_contiguous() && is_float(d_pos.dtype()),
             "[position_grad] d_pos must be a contiguous float matrix, got ", d_pos.desc());
-  check_rows(d_out.contiguous(), d_pos, d_out.size(0), "position_grad", "d_out");
-  FFN_CHECK(t >= 1 && t <= d_pos.size(0) && d_out.size(0) % t == 0, "[position_grad] t=", t,
+  const Tensor dc = d_out.contiguous();
+  check_rows(dc, d_pos, dc.size(0), "position_grad", "d_out");
+  FFN_CHECK(t >= 1 && t <= d_pos.size(0) && dc.size(0) % t == 0, "[position_grad] t=", t,
             " must be in [1, ", d_pos.size(0), "] (d_pos's rows) and divide d_out's ",
-            d_out.size(0), " rows");
-  if (d_pos.is_cuda()) return cuda::position_grad(d_out.contiguous(), t, d_pos);
-  cpu::position_grad(d_out.contiguous(), t, d_pos);
+            dc.size(0), " rows");
+  if (d_pos.is_cuda()) return cuda::position_grad(dc, t, d_pos);
+  cpu::position_grad(dc, t, d_pos);
 }
 
 }  // namespace ffn
