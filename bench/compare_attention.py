@@ -7,8 +7,9 @@ PyTorch side: bf16 q, k, v split from one [B, T, 3·H·D] tensor and viewed as [
 (flash, cuDNN, memory-efficient) timed alone: forward, and backward as autograd.grad of
 the output; its GPU kernel time per call (torch.profiler) is what ours is compared with, its
 CUDA-event time (with launch and autograd overhead) is printed beside it. Ours: `ffn-bench
---attention` (both CUDA implementations, median CUDA-event time; one or two kernels per
-call). Prints one table and writes --json (a list, one object per shape and kernel).
+--attention` (both CUDA implementations, and the Hopper forward with its other block size;
+a call's share of the median CUDA-event time of four back-to-back calls, so the host's
+launch work hides as in a training step; one or two kernels per call). Prints one table and writes --json (a list, one object per shape and kernel).
 
     python3 bench/compare_attention.py --ffn-bench build-gpu/bench/ffn-bench [--json out.json]
 """

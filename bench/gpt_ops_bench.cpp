@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "bench/timing.h"
@@ -193,28 +194,46 @@ void attention_bench(int device, int warmup, int iters, float p_drop) {
     const DropoutSpec d{p_drop, 7, 0};
     const double flop = 2.0 * static_cast<double>(sh.b * sh.h) * static_cast<double>(sh.t) *
                         static_cast<double>(sh.t) * static_cast<double>(sh.d);  // one causal product
-    for (cuda::AttentionKernel k : {cuda::AttentionKernel::mma_sync, cuda::AttentionKernel::sm90}) {
+    // mma_sync, sm90 (its default forward block) and sm90 with the other block size
+    // (Note [Forward block rows]; the forward with dropout runs 128 rows either way).
+    struct Variant {
+      cuda::AttentionKernel k;
+      int64_t forward_rows;  // sm90: 0 the default, else forced
+    };
+    const int64_t other = cuda::sm90_attention_forward_rows(sh.t) == 192 ? 128 : 192;
+    for (const Variant v :
+         {Variant{cuda::AttentionKernel::mma_sync, 0}, Variant{cuda::AttentionKernel::sm90, 0},
+          Variant{cuda::AttentionKernel::sm90, other}}) {
+      const auto k = v.k;
       if (k == cuda::AttentionKernel::sm90 && !cuda::sm90_attention_supported(qkv, sh.h)) continue;
-      const double fwd = median_ms(device, warmup, iters,
-                                   [&] { cuda::fused_attention(qkv, sh.h, scale, d, y, lse, k); });
-      const double bwd = median_ms(device, warmup, iters, [&] {
+      cuda::sm90_attention_force_forward_rows(v.forward_rows);
+      const int64_t rows = cuda::sm90_attention_forward_rows(sh.t);
+      const double fwd = back_to_back_ms(
+          device, warmup, iters, [&] { cuda::fused_attention(qkv, sh.h, scale, d, y, lse, k); });
+      cuda::sm90_attention_force_forward_rows(0);
+      const double bwd = back_to_back_ms(device, warmup, iters, [&] {
         cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k);
       });
       // The QKV bias gradient both ways: summed by the backward (dqkv_sum), or the column-sum
       // pass over dqkv that runs beside a backward without it.
-      const double bwd_sums = median_ms(device, warmup, iters, [&] {
+      const double bwd_sums = back_to_back_ms(device, warmup, iters, [&] {
         cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k, &db);
       });
-      const double colsum = median_ms(device, warmup, iters, [&] { bias_grad(dqkv2, db); });
-      std::printf("{\"attention\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"t\": %lld, "
-                  "\"h\": %lld, \"d\": %lld, \"dropout\": %.2f, \"forward_ms\": %.4f, "
-                  "\"backward_ms\": %.4f, \"backward_with_bias_sums_ms\": %.4f, "
-                  "\"bias_column_sum_pass_ms\": %.4f, \"forward_tflops\": %.1f, "
-                  "\"backward_tflops\": %.1f}\n",
-                  sh.name, k == cuda::AttentionKernel::sm90 ? "sm90" : "mma_sync",
-                  static_cast<long long>(sh.b), static_cast<long long>(sh.t),
-                  static_cast<long long>(sh.h), static_cast<long long>(sh.d), p_drop, fwd, bwd,
-                  bwd_sums, colsum, 2 * flop / fwd / 1e9, 5 * flop / bwd / 1e9);
+      const double colsum = back_to_back_ms(device, warmup, iters, [&] { bias_grad(dqkv2, db); });
+      const std::string name = k == cuda::AttentionKernel::mma_sync ? "mma_sync"
+                               : v.forward_rows ? "sm90 fwd" + std::to_string(rows)
+                                                : "sm90";
+      std::printf(
+          "{\"attention\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"t\": %lld, "
+          "\"h\": %lld, \"d\": %lld, \"dropout\": %.2f, \"forward_rows\": %lld, "
+          "\"forward_ms\": %.4f, "
+          "\"backward_ms\": %.4f, \"backward_with_bias_sums_ms\": %.4f, "
+          "\"bias_column_sum_pass_ms\": %.4f, \"forward_tflops\": %.1f, "
+          "\"backward_tflops\": %.1f}\n",
+          sh.name, name.c_str(), static_cast<long long>(sh.b), static_cast<long long>(sh.t),
+          static_cast<long long>(sh.h), static_cast<long long>(sh.d), p_drop,
+          static_cast<long long>(k == cuda::AttentionKernel::sm90 ? (d.active() ? 128 : rows) : 0),
+          fwd, bwd, bwd_sums, colsum, 2 * flop / fwd / 1e9, 5 * flop / bwd / 1e9);
       std::fflush(stdout);
     }
   }

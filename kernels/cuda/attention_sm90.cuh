@@ -9,11 +9,12 @@
 // The same math as the mma.sync kernels (attention.cu) in two persistent kernels: forward,
 // and a backward dk/dv that also computes dQ (Note [Attention backward in one pass],
 // attention_sm90_bwd.cu, beside a small row kernel for D_i = dy_i·y_i). Each is a
-// persistent grid of one CTA per SM walking units (a head's 128-row block), the longest
-// first (Units). A CTA is 384 threads: warpgroup 0 is the producer (one thread issues TMA
-// loads; setmaxnreg gives its registers away), warpgroups 1 and 2 are consumers owning 64
-// rows each of the unit's block. The block's own tiles ("resident": Q in forward, K and V in
-// dk/dv) are loaded once per unit into one of two slots, so the next
+// persistent grid of one CTA per SM walking units (a head's block of 64 rows per consumer
+// warpgroup), the longest first (Units). Warpgroup 0 is the producer (one thread issues TMA
+// loads; setmaxnreg gives its registers away), the others are consumers owning 64 rows each
+// of the unit's block: two in dk/dv (128-row blocks, 384 threads), two or three in forward
+// (Note [Forward block rows], attention_sm90_fwd.cu). The block's own tiles ("resident": Q
+// in forward, K and V in dk/dv) are loaded once per unit into one of two slots, so the next
 // unit's load overlaps this one's end; the other side's tiles ("streamed") pass through a
 // ring of shared-memory stages that carries over between units, with full/empty mbarriers
 // (Note [Hopper GEMM pipeline]'s protocol: full completes on the TMA bytes, empty on one
@@ -36,8 +37,8 @@
 // sequence; those rows are masked (keys) or not stored (queries). Sizes: forward streams
 // 128-key tiles (S is 64×128 per warpgroup); the backward streams 64-row tiles, which keeps
 // S, dP, the packed operands and both accumulators of dk/dv within the consumers' registers
-// (240 in forward, 232 in backward) without spilling where there is no dropout (with it, the
-// backward spills 12 bytes).
+// (240 in the forward's 128-row blocks, 160 in its 192-row ones, 232 in backward) without
+// spilling where there is no dropout (with it, the backward spills 12 bytes).
 //
 // Same results as attention.cu up to fp32 summation order (the reference tests hold both to
 // the same bound); deterministic (dQ's partial sums are added in a fixed order); mask bits from
@@ -122,6 +123,7 @@ struct Units {  // (outside the anonymous namespace: the compute_80 pass never c
 // (attention_sm90_fwd.cu); 0: automatic.
 extern std::atomic<int64_t> forced_unit_group;
 extern std::atomic<int64_t> forced_grid;
+extern std::atomic<int64_t> forced_forward_rows;
 
 namespace {
 
@@ -139,23 +141,28 @@ using namespace gemm;  // mbarriers, TMA, wgmma descriptors and instructions
 
 constexpr int kD = 64;          // head size
 constexpr int kRowBytes = 128;  // one 64-element row of a tile
-constexpr int kThreads = 384;   // producer warpgroup + two consumer warpgroups
+// Threads of a CTA with NC consumer warpgroups (and the producer warpgroup).
+template <int NC = 2>
+constexpr int kThreads = 128 * (NC + 1);
 [[maybe_unused]] constexpr uint32_t kBox64 = 64 * kRowBytes;  // one 64-row tile's bytes
 
-// Shared memory of one CTA: two slots of two resident 128-row tiles, STAGES stages of two
-// streamed SROWS-row tiles, EXTRA bytes of the kernel's own (all 1024-byte aligned for the
-// 128-byte swizzle), the warps' mask bytes, the consumers' row statistics, the barriers
-// (the ring's and the slots', and 4 more the kernel may use for its extra area).
-template <int SROWS, int STAGES, int EXTRA = 0>
+// Shared memory of one CTA with NC consumer warpgroups: two slots of RES resident tiles of
+// 64·NC rows, STAGES stages of two streamed SROWS-row tiles, EXTRA bytes of the kernel's own
+// (all 1024-byte aligned for the 128-byte swizzle), the warps' mask bytes, the consumers' row
+// statistics, the barriers (the ring's and the slots', and 4 more the kernel may use for its
+// extra area).
+template <int SROWS, int STAGES, int EXTRA = 0, int NC = 2, int RES = 2>
 struct Pipe {
   static_assert(EXTRA % 1024 == 0);
-  static constexpr int kResBytes = 128 * kRowBytes;
+  static constexpr int kConsumerWarps = 4 * NC;
+  static constexpr int kResBytes = 64 * NC * kRowBytes;
   static constexpr int kTileBytes = SROWS * kRowBytes;
   static constexpr int kStageBytes = 2 * kTileBytes;
-  static constexpr int kMaskBytes = 8 * 256;       // 8 consumer warps × 256 bytes
-  static constexpr int kStatFloats = 2 * 2 * 128;  // 2 warpgroups × 2 buffers × 128
-  static constexpr int kSmem = 1024 + 4 * kResBytes + STAGES * kStageBytes + EXTRA +
+  static constexpr int kMaskBytes = kConsumerWarps * 256;  // 256 bytes a consumer warp
+  static constexpr int kStatFloats = NC * 2 * 128;         // 2 buffers × 128 a warpgroup
+  static constexpr int kSmem = 1024 + 2 * RES * kResBytes + STAGES * kStageBytes + EXTRA +
                                kMaskBytes + kStatFloats * 4 + (2 * STAGES + 8) * 8;
+  static_assert(kSmem <= 227 * 1024, "over the dynamic shared memory of one sm_90 CTA");
 
   uint8_t* tiles;
   uint8_t* extra;
@@ -170,7 +177,7 @@ struct Pipe {
   __device__ static Pipe carve(uint8_t* raw) {
     Pipe p;
     p.tiles = raw + ((1024 - (smem_addr(raw) & 1023)) & 1023);
-    p.extra = p.tiles + 4 * kResBytes + STAGES * kStageBytes;
+    p.extra = p.tiles + 2 * RES * kResBytes + STAGES * kStageBytes;
     p.mask = p.extra + EXTRA;
     p.stats = reinterpret_cast<float*>(p.mask + kMaskBytes);
     p.full = reinterpret_cast<uint64_t*>(p.stats + kStatFloats);
@@ -183,19 +190,19 @@ struct Pipe {
   // Resident tile i of slot `slot` (units alternate between two slots, so the producer
   // loads the next unit's while the consumers finish this one).
   __device__ uint8_t* resident(int slot, int i) const {
-    return tiles + (2 * slot + i) * kResBytes;
+    return tiles + (RES * slot + i) * kResBytes;
   }
   __device__ uint8_t* tile(int s, int i) const {
-    return tiles + 4 * kResBytes + s * kStageBytes + i * kTileBytes;
+    return tiles + 2 * RES * kResBytes + s * kStageBytes + i * kTileBytes;
   }
   __device__ void init() const {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 8);
+      mbar_init(&empty[s], kConsumerWarps);
     }
     for (int slot = 0; slot < 2; ++slot) {
       mbar_init(&res_full[slot], 1);
-      mbar_init(&res_empty[slot], 8);
+      mbar_init(&res_empty[slot], kConsumerWarps);
     }
     for (int i = 0; i < 4; ++i) mbar_init(&aux[i], 1);
     fence_barrier_init();
@@ -209,21 +216,23 @@ struct Load {
 };
 
 // The producer thread, one unit (the CTA's j-th): its resident tiles at row res_row into slot
-// j % 2 (r1.map may be null), then n streamed pairs at rows srow0, srow0 + SROWS, … of
-// sequence b into the ring, whose position (stage, phase) carries over between units.
+// j % 2 (r1.map may be null, and is ignored where a slot holds one tile), then n streamed
+// pairs at rows srow0, srow0 + SROWS, … of sequence b into the ring, whose position (stage,
+// phase) carries over between units.
 struct RingPos {
   int stage = 0;
   uint32_t phase = 0;
 };
-template <int SROWS, int STAGES, int EXTRA>
-__device__ void produce(const Pipe<SROWS, STAGES, EXTRA>& p, RingPos& at, int j, Load r0, Load r1,
-                        int res_row, Load s0, Load s1, int srow0, int n, int b) {
-  using P = Pipe<SROWS, STAGES, EXTRA>;
+template <int SROWS, int STAGES, int EXTRA, int NC, int RES>
+__device__ void produce(const Pipe<SROWS, STAGES, EXTRA, NC, RES>& p, RingPos& at, int j,
+                        Load r0, Load r1, int res_row, Load s0, Load s1, int srow0, int n, int b) {
+  using P = Pipe<SROWS, STAGES, EXTRA, NC, RES>;
+  const bool two = RES > 1 && r1.map;  // a slot of one tile holds r0 only
   const int slot = j & 1;
   mbar_wait_idle(&p.res_empty[slot], ((j >> 1) & 1) ^ 1);  // Note [Idle waits]
-  mbar_arrive_expect_tx(&p.res_full[slot], (r1.map ? 2 : 1) * P::kResBytes);
+  mbar_arrive_expect_tx(&p.res_full[slot], (two ? 2 : 1) * P::kResBytes);
   tma_load_3d(p.resident(slot, 0), r0.map, &p.res_full[slot], r0.col, res_row, b);
-  if (r1.map) tma_load_3d(p.resident(slot, 1), r1.map, &p.res_full[slot], r1.col, res_row, b);
+  if (two) tma_load_3d(p.resident(slot, 1), r1.map, &p.res_full[slot], r1.col, res_row, b);
   for (int i = 0; i < n; ++i) {
     mbar_wait_idle(&p.empty[at.stage], at.phase ^ 1);
     mbar_arrive_expect_tx(&p.full[at.stage], P::kStageBytes);
@@ -243,13 +252,15 @@ __device__ void produce(const Pipe<SROWS, STAGES, EXTRA>& p, RingPos& at, int j,
 struct NoSide {
   __device__ void operator()() const {}
 };
-template <int PRODUCER_REGS = 24, int CONSUMER_REGS = 240, class Produce, class Consume,
-          class Side = NoSide>
+template <int PRODUCER_REGS = 24, int CONSUMER_REGS = 240, int NC = 2, class Produce,
+          class Consume, class Side = NoSide>
 __device__ __forceinline__ void run_units(const Units& units, const Produce& produce_unit,
                                           const Consume& consume_unit, const Side& side = {}) {
   // setmaxnreg.inc waits for registers the other warpgroups released: the kernel starts
-  // with 168 a thread (384 threads, one CTA an SM), so the total has to stay within that.
-  static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168);
+  // with the register file split evenly (one CTA an SM: 168 a thread for 384 threads, 128
+  // for 512), so the total has to stay within that.
+  constexpr int kLaunchRegs = 65536 / kThreads<NC> / 8 * 8;
+  static_assert(128 * PRODUCER_REGS + 128 * NC * CONSUMER_REGS <= kThreads<NC> * kLaunchRegs);
   if (threadIdx.x < 128) {
     regs_dealloc<PRODUCER_REGS>();
     if (threadIdx.x == 0) {
@@ -434,7 +445,7 @@ void with_half_drop(DType dt, bool drop, const F& f) {
     by_drop.template operator()<__half>();
 }
 
-// One CTA per SM (each takes one: 384 threads, the consumers at 240 registers), none idle;
+// One CTA per SM (each takes one: the consumers hold most of the register file), none idle;
 // fewer where a test forces it.
 unsigned persistent_grid(const Units& u, int dev) {
   int64_t ctas = properties(dev).multiProcessorCount;

@@ -24,6 +24,12 @@ void sm90_attention_force_unit_group(int64_t heads);
 // Tests: at most this many CTAs in both kernels' persistent grids (0, the default: one per
 // SM), so that small shapes walk several units a CTA, with their handoffs between units.
 void sm90_attention_force_grid(int64_t ctas);
+// Tests and benchmarks: the forward's query rows a unit without attention dropout, 128 or 192
+// (Note [Forward block rows], attention_sm90_fwd.cu: 192 only where 64 divides T; with dropout
+// always 128); 0, the default, takes the measured choice. The same bits either way.
+void sm90_attention_force_forward_rows(int64_t rows);
+// The forward's query rows a unit without dropout at sequence length t, as forced or chosen.
+int64_t sm90_attention_forward_rows(int64_t t);
 
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).
 void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,

@@ -430,7 +430,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
 }
 
 template <class T, bool DROP, bool ROPE>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads<>, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
                const __grid_constant__ CUtensorMap qkv64, const __grid_constant__ CUtensorMap dy64,
                const float* lse, const float* dsum, T* dqkv, Geometry g, Units units,
@@ -558,7 +558,7 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
     FFN_CHECK_LAUNCH();
     auto* k = dkv_kernel<T, DROP, ROPE>;
     allow_dynamic_smem(reinterpret_cast<const void*>(k), BwdPipe::kSmem);
-    k<<<grid, kThreads, BwdPipe::kSmem, stream(dev)>>>(
+    k<<<grid, kThreads<>, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), dq, g, units, mask, rope,
         dqacc.data<float>(), static_cast<int*>(counters.data_ptr()), dbpart);
     FFN_CHECK_LAUNCH();

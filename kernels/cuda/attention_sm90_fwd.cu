@@ -1,14 +1,69 @@
 // kernels/cuda/attention_sm90_fwd.cu — the Hopper attention forward (Note [Hopper
-// attention], attention_sm90.cuh: 128 queries per CTA, 128-key tiles) and the entry points'
-// shape check.
+// attention], attention_sm90.cuh: 128 or 192 queries a unit, Note [Forward block rows];
+// 128-key tiles) and the entry points' shape check.
 #include "kernels/cuda/attention_sm90.cuh"
 
 namespace ffn::cuda {
 namespace attn90 {
 namespace {
 
-constexpr int kFwdRows = 128, kFwdStages = 4;
-using FwdPipe = Pipe<kFwdRows, kFwdStages>;
+// Note [Forward block rows]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A forward unit is a block of 64·NC queries of one head: NC consumer warpgroups of 64 rows
+// each, all reading the same streamed 128-key tiles. With NC = 3 (192 rows, FlashAttention-3's
+// tile for head size 64) a key tile loaded into shared memory serves 192 queries instead of
+// 128 and 12 consumer warps instead of 8 hide each other's latencies, at 160 registers a
+// consumer thread instead of 240 (512 threads, one CTA an SM).
+// Where the blocks start matters when 192 does not divide T. Blocks from row 0 leave the
+// partial block at the end, where its one or two busy warpgroups take the most key tiles
+// while the others idle (at T = 1024 one warpgroup of three walks 8 tiles in each head's
+// last unit: measured no faster than 128 rows, against −11% at T = 512; session 36). So
+// 192-row blocks end at T: block qt is rows T − 192·(blocks − qt) .. T − 192·(blocks − qt −
+// 1) − 1, and the partial block is the first, whose rows need one or two key tiles; its rows
+// before 0 load as zeros (TMA fills negative coordinates too) and belong to warpgroups that
+// skip the unit. That keeps every warpgroup's first row r0 a multiple of 64 only where T is,
+// so 192-row blocks run only there (and without dropout: the dropout kernel spills at 160
+// registers); 128-row blocks start at row 0 as before.
+// A block's warpgroups need different numbers of key tiles under the causal mask: warpgroup
+// c's rows r0 .. r0 + 63 see tiles 0 .. ⌊(min(r0 + 64, T) − 1)/128⌋, none if its rows are all
+// past T or before 0. With r0 a multiple of 64 only its last tile crosses its diagonal (tile
+// k − 1 ends at 128k − 1 < r0 when 128k ≤ r0 + 63), so the causal test stays on one tile. The
+// producer streams the block's longest count; a warpgroup whose rows end sooner (or that has
+// none) waits for each remaining tile to land and releases it unread: arriving on a stage's
+// empty barrier before its fill would count toward the stage's previous phase. Same
+// per-row arithmetic either way, so both sizes give the same bits.
+constexpr int kFwdKeys = 128, kFwdStages = 4;
+// 192-row blocks by default from this T (where 64 divides it): measured at B·H = 192 heads and
+// more (H100, ffn-bench --attention, session 36), the forward at T = 1024 −10%, T = 512 −7%,
+// T = 256 +3% (two blocks a head, one with a single busy warpgroup).
+constexpr int64_t kFwd192FromT = 512;
+template <int NC>
+using FwdPipe = Pipe<kFwdKeys, kFwdStages, 0, NC, /*RES=*/1>;  // Q only
+template <int NC>
+constexpr int kFwdRows = 64 * NC;
+
+// The first row of query block qt of `blocks` (Note [Forward block rows]): 128-row blocks
+// from row 0, 192-row blocks ending at T (negative for a partial first block).
+template <int NC>
+__host__ __device__ __forceinline__ int64_t fwd_block_row(int qt, int blocks, int64_t t) {
+  return NC == 3 ? t - static_cast<int64_t>(kFwdRows<NC>) * (blocks - qt)
+                 : static_cast<int64_t>(kFwdRows<NC>) * qt;
+}
+// Key tiles that warpgroup c of the block at row q0 reads: 0 for rows past T or before 0.
+template <int NC>
+__host__ __device__ __forceinline__ int fwd_key_tiles(int64_t q0, int c, int64_t t) {
+  const int64_t r0 = q0 + 64 * c;
+  if (r0 < 0 || r0 >= t) return 0;
+  const int64_t last = (r0 + 64 < t ? r0 + 64 : t) - 1;
+  return static_cast<int>(last / kFwdKeys) + 1;
+}
+// Key tiles the producer streams for the block at row q0 (its last row's; the block has rows
+// in 0 .. T − 1): the most any of its warpgroups reads.
+template <int NC>
+__host__ __device__ __forceinline__ int unit_key_tiles(int64_t q0, int64_t t) {
+  const int64_t end = q0 + kFwdRows<NC>;
+  return static_cast<int>(((end < t ? end : t) - 1) / kFwdKeys) + 1;
+}
 
 // Per key tile kt ≥ 1 (FlashAttention-3's intra-warpgroup overlap): issue S = Q·Kᵀ of tile
 // kt, then O += P·V of tile kt − 1 (P packed at the end of the previous tile); wait for S
@@ -16,9 +71,10 @@ using FwdPipe = Pipe<kFwdRows, kFwdStages>;
 // then wait for P·V, release tile kt − 1's stage, rescale O and pack P of tile kt. Every
 // non-wgmma write of O and of P's registers happens with no wgmma in flight, which is what
 // lets ptxas keep the wgmmas asynchronous (it serializes them otherwise, warning C7515).
-template <class T, bool DROP>
-__device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, int base,
-                            int64_t bh, T* y, float* lse, int64_t q0, int nkt,
+// nkt: this warpgroup's key tiles, n ≥ nkt the unit's (Note [Forward block rows]).
+template <class T, bool DROP, int NC>
+__device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int j, int base,
+                            int64_t bh, T* y, float* lse, int64_t q0, int nkt, int n,
                             const DeviceMask& mask) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
   const int gr = lane >> 2, cq = lane & 3;
@@ -32,6 +88,19 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, i
   float s[64];
   u32 pa[8][4];
   mbar_wait(&p.res_full[j & 1], (j >> 1) & 1);
+  // The unit's tiles past this warpgroup's last: wait for each to land, release it unread.
+  auto release_rest = [&] {
+    for (int kt = nkt; kt < n; ++kt) {
+      const Slot<kFwdStages> at(base + kt);
+      mbar_wait(&p.full[at.stage], at.phase);
+      if (lane == 0) mbar_arrive(&p.empty[at.stage]);
+    }
+  };
+  if (nkt == 0) {  // rows past T or before 0
+    if (lane == 0) mbar_arrive(&p.res_empty[j & 1]);
+    release_rest();
+    return;
+  }
   const uint64_t dq = smem_desc_k128(p.resident(j & 1, 0) + c * 64 * kRowBytes);
   auto issue_scores = [&](int kt) {
     const Slot<kFwdStages> at(base + kt);
@@ -137,14 +206,16 @@ __device__ void fwd_consume(const FwdPipe& p, const Geometry& g, int c, int j, i
   }
   const int64_t b = bh / g.heads, h = bh % g.heads, ldy = static_cast<int64_t>(g.heads) * kD;
   store_rows<T>(o, inv[0], inv[1], y + b * t * ldy + h * kD, ldy, qw, t, lane);
+  release_rest();
 }
 
-template <class T, bool DROP>
-__global__ void __launch_bounds__(kThreads, 1)
-    fwd_kernel(const __grid_constant__ CUtensorMap qkv128, T* y, float* lse, Geometry g,
+template <class T, bool DROP, int NC>
+__global__ void __launch_bounds__(kThreads<NC>, 1)
+    fwd_kernel(const __grid_constant__ CUtensorMap q_map,
+               const __grid_constant__ CUtensorMap kv_map, T* y, float* lse, Geometry g,
                Units units, DeviceMask mask) {
 #if FFN_ATTN_SM90_CODE
-  const FwdPipe p = begin_cta<FwdPipe>(&qkv128);
+  const FwdPipe<NC> p = begin_cta<FwdPipe<NC>>(&q_map, &kv_map);
   // Unit u: query block qt of head bh, the last blocks (most key tiles) first.
   auto unit = [&](int64_t u, int64_t& bh, int& qt) {
     int b32;
@@ -153,24 +224,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     qt = units.blocks - 1 - qt;
   };
   RingPos at;
-  run_units(
+  run_units<24, NC == 3 ? 160 : 240, NC>(
       units,
       [&](int j, int64_t u) {
         int64_t bh;
         int qt;
         unit(u, bh, qt);
         const int b = static_cast<int>(bh / g.heads), h = static_cast<int>(bh % g.heads);
-        produce(p, at, j, Load{&qkv128, h * kD}, Load{nullptr, 0}, 128 * qt,
-                Load{&qkv128, (g.heads + h) * kD}, Load{&qkv128, (2 * g.heads + h) * kD}, 0,
-                qt + 1, b);
+        const int64_t q0 = fwd_block_row<NC>(qt, units.blocks, g.t);
+        produce(p, at, j, Load{&q_map, h * kD}, Load{nullptr, 0}, static_cast<int>(q0),
+                Load{&kv_map, (g.heads + h) * kD}, Load{&kv_map, (2 * g.heads + h) * kD}, 0,
+                unit_key_tiles<NC>(q0, g.t), b);
       },
       [&](int j, int64_t u, int base) {
         int64_t bh;
         int qt;
         unit(u, bh, qt);
-        fwd_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, y, lse, 128LL * qt, qt + 1,
-                             mask);
-        return qt + 1;
+        const int c = threadIdx.x / 128 - 1;
+        const int64_t q0 = fwd_block_row<NC>(qt, units.blocks, g.t);
+        const int n = unit_key_tiles<NC>(q0, g.t);
+        fwd_consume<T, DROP, NC>(p, g, c, j, base, bh, y, lse, q0, fwd_key_tiles<NC>(q0, c, g.t), n,
+                                 mask);
+        return n;
       });
 #endif
 }
@@ -181,6 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 namespace attn90 {
 std::atomic<int64_t> forced_unit_group{0};
 std::atomic<int64_t> forced_grid{0};
+std::atomic<int64_t> forced_forward_rows{0};
 }  // namespace attn90
 
 void sm90_attention_force_unit_group(int64_t heads) {
@@ -188,6 +264,17 @@ void sm90_attention_force_unit_group(int64_t heads) {
 }
 void sm90_attention_force_grid(int64_t ctas) {
   attn90::forced_grid = ctas;
+}
+void sm90_attention_force_forward_rows(int64_t rows) {
+  FFN_CHECK(rows == 0 || rows == 128 || rows == 192, "[fused_attention] forward block rows ", rows,
+            " is not 0 (automatic), 128 or 192");
+  attn90::forced_forward_rows = rows;
+}
+int64_t sm90_attention_forward_rows(int64_t t) {  // Note [Forward block rows]
+  const int64_t forced = attn90::forced_forward_rows.load();
+  const bool fits = t % 64 == 0;
+  if (forced) return forced == 192 && fits ? 192 : 128;
+  return fits && t >= attn90::kFwd192FromT ? 192 : 128;
 }
 
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads) {
@@ -211,15 +298,25 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
   DeviceGuard guard(dev);
   const int64_t b = qkv.size(0), t = qkv.size(1);
   const Geometry g{t, static_cast<int>(heads), scale};
-  const CUtensorMap m128 = rows_map(qkv, 128, op);
-  Units units{b * heads, static_cast<int>((t + 127) / 128), /*alternate=*/true, b * heads};
-  const unsigned grid = persistent_grid(units, dev);
-  units.group = unit_group(units, grid, t, dev);  // Note [Unit order]
+  const CUtensorMap kv_map = rows_map(qkv, kFwdKeys, op);
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
-    allow_dynamic_smem(reinterpret_cast<const void*>(fwd_kernel<T, DROP>), FwdPipe::kSmem);
-    fwd_kernel<T, DROP><<<grid, kThreads, FwdPipe::kSmem, stream(dev)>>>(
-        m128, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, units, DeviceMask::from(d));
-    FFN_CHECK_LAUNCH();
+    auto launch = [&]<int NC>() {
+      const CUtensorMap q_map = rows_map(qkv, kFwdRows<NC>, op);
+      Units units{b * heads, static_cast<int>((t + kFwdRows<NC> - 1) / kFwdRows<NC>),
+                  /*alternate=*/true, b * heads};
+      const unsigned grid = persistent_grid(units, dev);
+      units.group = unit_group(units, grid, t, dev);  // Note [Unit order]
+      const void* k = reinterpret_cast<const void*>(fwd_kernel<T, DROP, NC>);
+      allow_dynamic_smem(k, FwdPipe<NC>::kSmem);
+      fwd_kernel<T, DROP, NC><<<grid, kThreads<NC>, FwdPipe<NC>::kSmem, stream(dev)>>>(
+          q_map, kv_map, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, units,
+          DeviceMask::from(d));
+      FFN_CHECK_LAUNCH();
+    };
+    if constexpr (!DROP) {  // Note [Forward block rows]
+      if (sm90_attention_forward_rows(t) == 192) return launch.template operator()<3>();
+    }
+    launch.template operator()<2>();
   });
 }
 

@@ -548,3 +548,53 @@ FFN_GPU_TEST("sm90 attention unit groups change the order, not the bits") {
       }
     }
 }
+
+// Note [Forward block rows]: the Hopper forward without dropout runs blocks of 128 queries
+// from row 0 or (where 64 divides T) 192 ending at T, two or three consumer warpgroups with the
+// same per-row arithmetic, so both give the same bits: at T where the first 192-row block has
+// one, two or three warpgroups with rows, where a warpgroup's key tiles end before its
+// block's, where a 128-row block ends past T, and on a grid of three CTAs (several units a
+// CTA). Small enough for the sanitizers (tools/gpu-check attnsan).
+FFN_GPU_TEST("sm90 attention forward: 128- and 192-row blocks, the same bits") {
+  Generator g(47);
+  struct Forced {  // back to the default however the block is left
+    Forced(int64_t rows, int64_t grid) {
+      cuda::sm90_attention_force_forward_rows(rows);
+      cuda::sm90_attention_force_grid(grid);
+    }
+    ~Forced() {
+      cuda::sm90_attention_force_forward_rows(0);
+      cuda::sm90_attention_force_grid(0);
+    }
+  };
+  CHECK_THROWS_WITH(cuda::sm90_attention_force_forward_rows(64),
+                    doctest::Contains("forward block rows 64"));
+  for (int64_t t : {1, 64, 65, 128, 192, 193, 256, 300, 320, 448, 512, 576}) {
+    const int64_t b = 2, h = 2, c = h * 64;
+    Tensor qkv, dy;
+    if (!hopper_inputs(b, t, h, g, qkv, dy)) return;
+    CAPTURE(t);
+    std::vector<Tensor> out;
+    for (auto [rows, grid] : {std::pair<int64_t, int64_t>{128, 0}, {192, 0}, {192, 3}}) {
+      CAPTURE(rows);
+      CAPTURE(grid);
+      const Forced forced(rows, grid);
+      REQUIRE(cuda::sm90_attention_forward_rows(t) == (t % 64 == 0 ? rows : 128));
+      Tensor y = Tensor::full({b, t, c}, NAN, DType::bf16, kGpu);
+      Tensor lse = Tensor::full({b * h, t}, NAN, DType::f32, kGpu);
+      cuda::fused_attention(qkv, h, 0.125, DropoutSpec{}, y, lse, cuda::AttentionKernel::sm90);
+      out.push_back(y.to(Device::cpu()).to(DType::f64));
+      out.push_back(lse.to(Device::cpu()).to(DType::f64));
+    }
+    for (double v : out[0].to_vector()) REQUIRE(std::isfinite(v));
+    for (double v : out[1].to_vector()) REQUIRE(std::isfinite(v));
+    for (size_t i = 2; i < out.size(); ++i)
+      CHECK_MESSAGE(max_abs_diff(out[i], out[i % 2]) == 0.0, "output ", i, " differs");
+    Tensor ym = Tensor::empty({b, t, c}, DType::bf16, kGpu);
+    Tensor lsem = Tensor::empty({b * h, t}, DType::f32, kGpu);
+    cuda::fused_attention(qkv, h, 0.125, DropoutSpec{}, ym, lsem, cuda::AttentionKernel::mma_sync);
+    const Tensor m = ym.to(Device::cpu()).to(DType::f64);
+    CHECK(max_abs_diff(out[2], m) <= 0.02 * max_abs(m) + 1e-3);
+    CHECK(max_abs_diff(out[3], lsem.to(Device::cpu()).to(DType::f64)) <= 1e-3);
+  }
+}
