@@ -192,8 +192,10 @@ void attention_bench(int device, int warmup, int iters, float p_drop) {
     Tensor dqkv2 = dqkv.view_2d(), db = Tensor::empty({3 * c}, DType::bf16, dev);
     const double scale = 1.0 / std::sqrt(static_cast<double>(sh.d));
     const DropoutSpec d{p_drop, 7, 0};
-    const double flop = 2.0 * static_cast<double>(sh.b * sh.h) * static_cast<double>(sh.t) *
-                        static_cast<double>(sh.t) * static_cast<double>(sh.d);  // one causal product
+    // One causal product: 2·T²·D/2 a head (before session 36 this was twice that, so the
+    // TFLOP/s printed were twice the true ones; the times were right).
+    const double flop = static_cast<double>(sh.b * sh.h) * static_cast<double>(sh.t) *
+                        static_cast<double>(sh.t) * static_cast<double>(sh.d);
     // mma_sync, sm90 (its default forward block) and sm90 with the other block size
     // (Note [Forward block rows]; the forward with dropout runs 128 rows either way).
     struct Variant {
