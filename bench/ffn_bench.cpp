@@ -192,7 +192,8 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 // against cuBLASLt + bias_act_dropout. The *_ms fields wait for each launch (the host's
 // launch time included); the b2b_* fields time back-to-back launches, as gemm()'s autotuner
 // does (Note [Own GEMM in gemm()]).
-void gemm_comparison(int device, int warmup, int iters) {
+// only: products whose "name.pass" contains it (empty: all, with the fused fc1 after them).
+void gemm_comparison(int device, int warmup, int iters, const std::string& only) {
   const CublasLtOnly cublaslt_only;
   const Device dev = Device::cuda(device);
   struct Shape3 {
@@ -224,6 +225,9 @@ void gemm_comparison(int device, int warmup, int iters) {
     for (const Product& p : {Product{"fwd", x, w, y, false, true},
                              Product{"dgrad", dy, w, dx, false, false},
                              Product{"wgrad", dy, x, dw, true, false}}) {
+      if (!only.empty() &&
+          (std::string(sh.name) + "." + p.pass).find(only) == std::string::npos)
+        continue;
       if (!cuda::sm90_gemm_supported(p.a, p.b, p.c, p.ta, p.tb)) {
         std::fprintf(stderr, "ffn-bench --gemm: the Hopper GEMM does not run here (needs sm_90)\n");
         return;
@@ -275,6 +279,7 @@ void gemm_comparison(int device, int warmup, int iters) {
       std::fflush(stdout);
     }
   }
+  if (!only.empty()) return;  // the fused fc1 below only in the full table
   for (const Shape3& sh : {shapes[1], shapes[3]}) {
     const Tensor x = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);
     const Tensor w = Tensor::randn({sh.n, sh.k}, g, DType::bf16, dev);
@@ -530,6 +535,9 @@ int main(int argc, char** argv) {
   app.add_flag("--norm", norm, "Only GPT-2's residual add and LayerNorm (forward, backward)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
+  std::string gemm_only;
+  app.add_option("--gemm-only", gemm_only,
+                 "With --gemm: only the products whose name contains this (e.g. wgrad)");
   bool act_epilogues = false;
   app.add_flag(
       "--act-epilogues", act_epilogues,
@@ -596,7 +604,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (gemm_table) {
-      gemm_comparison(device, warmup, iters);
+      gemm_comparison(device, warmup, iters, gemm_only);
       return 0;
     }
     for (const auto& w : bench::workloads()) {
