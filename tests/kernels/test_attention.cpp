@@ -549,6 +549,29 @@ FFN_GPU_TEST("sm90 attention unit groups change the order, not the bits") {
     }
 }
 
+// Note [Forward block rows]'s choice is host logic, checked without a GPU in CUDA builds:
+// 192-row blocks where 64 divides T from T = 512 (forced: wherever 64 divides T), else 128.
+TEST_CASE("sm90 attention forward block rows: the choice by T, forced or not") {
+#if FFN_WITH_CUDA
+  struct Reset {  // back to the automatic choice however the case is left
+    ~Reset() { cuda::sm90_attention_force_forward_rows(0); }
+  } reset;
+  for (auto [t, rows] : {std::pair<int64_t, int64_t>{1024, 192}, {512, 192}, {576, 192},
+                         {448, 128}, {256, 128}, {1000, 128}, {1, 128}})
+    CHECK_MESSAGE(cuda::sm90_attention_forward_rows(t) == rows, "T=", t);
+  cuda::sm90_attention_force_forward_rows(192);
+  CHECK(cuda::sm90_attention_forward_rows(256) == 192);
+  CHECK(cuda::sm90_attention_forward_rows(1000) == 128);  // 64 does not divide T
+  cuda::sm90_attention_force_forward_rows(128);
+  CHECK(cuda::sm90_attention_forward_rows(1024) == 128);
+  CHECK_THROWS_WITH(cuda::sm90_attention_force_forward_rows(256),
+                    doctest::Contains("[fused_attention] forward block rows 256 is not 0"));
+  CHECK(cuda::sm90_attention_forward_rows(1024) == 128);  // a rejected value changes nothing
+#else
+  MESSAGE("a CPU-only build: no Hopper attention kernels to choose between");
+#endif
+}
+
 // Note [Forward block rows]: the Hopper forward without dropout runs blocks of 128 queries
 // from row 0 or (where 64 divides T) 192 ending at T, two or three consumer warpgroups with the
 // same per-row arithmetic, so both give the same bits: at T where the first 192-row block has
