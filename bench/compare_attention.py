@@ -9,7 +9,8 @@ the output; its GPU kernel time per call (torch.profiler) is what ours is compar
 CUDA-event time (with launch and autograd overhead) is printed beside it. Ours: `ffn-bench
 --attention` (both CUDA implementations, and the Hopper forward with its other block size;
 a call's share of the median CUDA-event time of four back-to-back calls, so the host's
-launch work hides as in a training step; one or two kernels per call). Prints one table and writes --json (a list, one object per shape and kernel).
+launch work hides as in a training step; one or two kernels per call). Prints one table and
+writes --json (a list, one object per shape and kernel).
 
     python3 bench/compare_attention.py --ffn-bench build-gpu/bench/ffn-bench [--json out.json]
 """
