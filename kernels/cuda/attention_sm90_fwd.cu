@@ -301,7 +301,9 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
   const CUtensorMap kv_map = rows_map(qkv, kFwdKeys, op);
   with_half_drop(qkv.dtype(), d.active(), [&]<class T, bool DROP>() {
     auto launch = [&]<int NC>() {
-      const CUtensorMap q_map = rows_map(qkv, kFwdRows<NC>, op);
+      // 128-row blocks load Q in the key tiles' boxes: one map encoded, not two.
+      const CUtensorMap q_map =
+          kFwdRows<NC> == kFwdKeys ? kv_map : rows_map(qkv, kFwdRows<NC>, op);
       Units units{b * heads, static_cast<int>((t + kFwdRows<NC> - 1) / kFwdRows<NC>),
                   /*alternate=*/true, b * heads};
       const unsigned grid = persistent_grid(units, dev);
