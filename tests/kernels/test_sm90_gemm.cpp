@@ -59,24 +59,28 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference in every layout 
                        {.trans_a = ta, .trans_b = tb, .bias = bias ? c64.to(DType::f32) : Tensor()});
             for (cuda::Sm90Schedule sched :
                  {cuda::Sm90Schedule::cooperative, cuda::Sm90Schedule::pingpong})
-              for (bool tma : {true, false}) {
-                const cuda::Sm90GemmArgs args{.trans_a = ta,
-                                              .trans_b = tb,
-                                              .bias = bias ? c64.to(dt).to(kGpu) : Tensor(),
-                                              .schedule = sched,
-                                              .tma_store = tma};
-                Tensor out = Tensor::full({m, n}, NAN, dt, kGpu),
-                       again = Tensor::full({m, n}, NAN, dt, kGpu);
-                cuda::sm90_gemm(a, b, out, args);
-                cuda::sm90_gemm(a, b, again, args);
-                const std::string what =
-                    shape + (bias ? " +bias" : "") +
-                    (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : " cooperative") +
-                    (tma ? " tma-store" : " register-store");
-                check_against_reference(out, ref, naive, dt, what,
-                                        {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
-                CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
-              }
+              for (int tile_n : {0, 192})  // 192: the cooperative kernel's third tile width
+                for (bool tma : {true, false}) {
+                  if (tile_n && sched == cuda::Sm90Schedule::pingpong) continue;
+                  const cuda::Sm90GemmArgs args{.trans_a = ta,
+                                                .trans_b = tb,
+                                                .bias = bias ? c64.to(dt).to(kGpu) : Tensor(),
+                                                .schedule = sched,
+                                                .tma_store = tma,
+                                                .tile_n = tile_n};
+                  Tensor out = Tensor::full({m, n}, NAN, dt, kGpu),
+                         again = Tensor::full({m, n}, NAN, dt, kGpu);
+                  cuda::sm90_gemm(a, b, out, args);
+                  cuda::sm90_gemm(a, b, again, args);
+                  const std::string what =
+                      shape + (bias ? " +bias" : "") +
+                      (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : " cooperative") +
+                      (tile_n ? " BN 192" : "") + (tma ? " tma-store" : " register-store");
+                  check_against_reference(
+                      out, ref, naive, dt, what,
+                      {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+                  CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+                }
           }
         }
       }

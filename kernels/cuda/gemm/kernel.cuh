@@ -279,6 +279,17 @@ struct StoresWithTma<StoreCTma<T, ROPE>> : std::true_type {};
 template <class T, Activation A, bool B>
 struct StoresWithTma<ActTma<T, A, B>> : std::true_type {};
 
+// The plain epilogues, which take tiles 192 columns wide (the activation ones walk their
+// staged tiles in runs that need a power-of-two width).
+template <class Epi>
+struct TakesWidth192 : std::false_type {};
+template <class T>
+struct TakesWidth192<StoreC<T>> : std::true_type {};
+template <class T, bool ROPE>
+struct TakesWidth192<StoreCTma<T, ROPE>> : std::true_type {};
+template <>
+struct TakesWidth192<StorePartial> : std::true_type {};
+
 // Launches kKernel (`threads` threads, `smem` bytes of dynamic shared memory) as a persistent
 // grid over `units` units in clusters of kCluster CTAs (Note [Operand multicast]): one CTA an
 // SM, or as many clusters as can be resident at once. The shared-memory attribute and that
@@ -375,12 +386,12 @@ constexpr int stages_for() {
   constexpr int scratch = 2 * Epi::template kScratchBytes<BN, PINGPONG ? 128 : 64>;
   constexpr int stage = (128 + BN) * 64 * 2;
   constexpr int fit = (232448 - 1024 - 256 - scratch) / stage;
-  constexpr int cap = BN == 256 ? 4 : 6;
+  constexpr int cap = BN > 128 ? 4 : 6;
   static_assert(fit >= 2, "the epilogue's scratch leaves no room for a ring");
   return fit < cap ? fit : cap;
 }
 
-// Cooperative: BN = 256 or 128. Ping-pong: BN = 128 (two 64×128 accumulator blocks per
+// Cooperative: BN = 256, 192 or 128. Ping-pong: BN = 128 (two 64×128 accumulator blocks per
 // warpgroup).
 template <class T, bool A_MN, bool B_MN, class Epi>
 void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi,
@@ -391,6 +402,12 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
   else if (t.bn == 256)
     launch_paired<T, 256, stages_for<Epi, 256, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits,
                                                                             c2);
+  else if (t.bn == 192)
+    if constexpr (TakesWidth192<Epi>::value)
+      launch_paired<T, 192, stages_for<Epi, 192, false>(), false, A_MN, B_MN>(a, b, c, epi,
+                                                                              t.splits, c2);
+    else
+      FFN_CHECK(false, "[sm90_gemm] this epilogue has no 192-column tiles");
   else
     launch_paired<T, 128, stages_for<Epi, 128, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits,
                                                                             c2);

@@ -46,7 +46,7 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ ws, int splits, i
 // per SM), plus for split-K the workspace traffic (written and read once, 2.5 TB/s) and the
 // reduce kernel's launch (4 us).
 Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, Sm90Schedule schedule,
-                     int forced_splits) {
+                     int forced_splits, int tile_n) {
   Tiling t;
   const int64_t k_blocks = (k + 63) / 64;
   auto tiles = [&](int bn) { return ((m + 127) / 128) * ((n + bn - 1) / bn); };
@@ -54,17 +54,18 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, Sm90Schedule sche
     t.pingpong = true;
     t.bn = 128;
   } else {
-    t.bn = n >= 256 ? 256 : 128;
+    t.bn = tile_n > 0 ? tile_n : n >= 256 ? 256 : 128;
   }
   if (forced_splits > 0) {
     t.splits = static_cast<int>(std::min<int64_t>(forced_splits, k_blocks));
     return t;
   }
-  if (schedule != Sm90Schedule::automatic || tiles(t.bn) >= sms) return t;
+  if (schedule != Sm90Schedule::automatic || tile_n > 0 || tiles(t.bn) >= sms) return t;
   double best = INFINITY;
-  for (int bn : {128, 256}) {
-    if (bn == 256 && n < 256) continue;
-    const double kb_time = 2.0 * 128 * bn * 64 / (bn == 256 ? 6.0e12 : 5.5e12);
+  for (int bn : {128, 192, 256}) {
+    if (bn > 128 && n < bn) continue;
+    const double kb_time =
+        2.0 * 128 * bn * 64 / (bn == 256 ? 6.0e12 : bn == 192 ? 5.8e12 : 5.5e12);
     for (int s = 1; s <= 16 && s <= k_blocks / 4 + (s == 1); ++s) {
       const int64_t units = tiles(bn) * s;
       const double waves = static_cast<double>((units + sms - 1) / sms);
@@ -90,11 +91,11 @@ void dispatch_fused(const Tensor& a, const Tensor& b, const Tensor& c,
 // A plain product: C (+ bias) stored straight, or through split-K's workspace and reduce.
 template <class T, bool A_MN, bool B_MN>
 void dispatch_plain(const Tensor& a, const Tensor& b, Tensor& c, const T* bias, bool tma,
-                    Sm90Schedule schedule, int forced_splits, const RopeEpi& rope) {
+                    Sm90Schedule schedule, int forced_splits, int tile_n, const RopeEpi& rope) {
   const int dev = a.device().index;
   const int64_t m = c.size(0), n = c.size(1), k = A_MN ? a.size(0) : a.size(1);
-  const Tiling t =
-      choose_tiling(m, n, k, properties(dev).multiProcessorCount, schedule, forced_splits);
+  const Tiling t = choose_tiling(m, n, k, properties(dev).multiProcessorCount, schedule,
+                                 forced_splits, tile_n);
   if (t.splits > 1) {
     Tensor ws = Tensor::empty({t.splits, m, n}, DType::f32, a.device());
     launch_tiling<T, A_MN, B_MN>(
@@ -164,6 +165,10 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
             "[sm90_gemm] the act_warpgroups schedule is for the activation epilogues only");
   const bool tma = args.tma_store && n % 8 == 0 && gemm::aligned16(c.data_ptr());
   FFN_CHECK(args.splits >= 0, "[sm90_gemm] splits must be >= 0 (0: automatic), got ", args.splits);
+  FFN_CHECK(args.tile_n == 0 || ((args.tile_n == 128 || args.tile_n == 192 || args.tile_n == 256) &&
+                                 (args.tile_n == 128 || args.schedule != Sm90Schedule::pingpong)),
+            "[sm90_gemm] tile_n must be 0 (automatic), 128, 192 or 256 (ping-pong: 128), got ",
+            args.tile_n);
   gemm::RopeEpi rope;
   if (args.rope_base > 0) {
     FFN_CHECK(!args.trans_a && args.trans_b && tma && args.rope_cols > 0 &&
@@ -182,7 +187,7 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
   auto run = [&]<class T, bool A_MN, bool B_MN>() {
     const T* bias = args.bias.defined() ? static_cast<const T*>(args.bias.data_ptr()) : nullptr;
     gemm::dispatch_plain<T, A_MN, B_MN>(a, b, c, bias, tma, args.schedule,
-                                        rope.table ? 1 : args.splits, rope);
+                                        rope.table ? 1 : args.splits, args.tile_n, rope);
   };
   auto by_layout = [&]<class T>() {
     if (!args.trans_a && args.trans_b)

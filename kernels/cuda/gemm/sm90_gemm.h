@@ -33,6 +33,9 @@ struct Sm90GemmArgs {
   // Split-K (Note [Split-K]): 0 lets the shape decide (only products with fewer tiles than
   // SMs split), 1 never splits, s > 1 cuts K into s parts (at most one per K block).
   int splits = 0;
+  // Tile width: 0 lets the shape decide; 128, 192 or 256 forces it (cooperative; ping-pong
+  // runs 128 only).
+  int tile_n = 0;
   // Rotary embeddings in the epilogue (Note [Fused rotary embeddings] in
   // layers/attention.cpp): with rope_base > 0 the first rope_cols columns of C, heads of 64,
   // are rotated as kernels/rope.h's forward (after the bias), row r at sequence position r %
