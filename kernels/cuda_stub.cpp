@@ -138,6 +138,9 @@ bool sm90_gemm_supported(const Tensor&, const Tensor&, const Tensor&, bool, bool
 void sm90_gemm(const Tensor&, const Tensor&, Tensor&, const Sm90GemmArgs&) {
   no_cuda("sm90_gemm");
 }
+Sm90Plan sm90_gemm_plan(int64_t, int64_t, int64_t, int, int64_t, const Sm90GemmArgs&) {
+  no_cuda("sm90_gemm_plan");
+}
 void sm90_gemm_nt_bias_act_dropout(const Tensor&, const Tensor&, const Tensor&, Activation,
                                    const DropoutSpec&, Tensor&, Tensor*, Sm90Schedule) {
   no_cuda("sm90_gemm");

@@ -18,6 +18,51 @@
 using namespace ffn;
 using namespace ffn::test;
 
+// How the own GEMM cuts a product (sm90_gemm_plan: host logic, so CI's CUDA build runs it
+// without a GPU) on an H100's 132 SMs and 50 MiB of L2: Note [Tile groups]' longer groups
+// where B is larger than L2, Note [Split-K]'s cost model (192-column tiles unsplit for gpt2's
+// fc1 and fc2 weight gradients, split where there are few tiles), and forced values kept.
+TEST_CASE("sm90 GEMM plan: tile width, split count and tile groups by shape, or as forced") {
+#if FFN_WITH_CUDA
+  constexpr int kSms = 132;
+  constexpr int64_t kL2 = int64_t{50} << 20;
+  struct Case {
+    const char* what;
+    int64_t m, n, k;
+    int tile_n, splits, group_m;
+  };
+  const Case cases[] = {
+      {"gpt2 LM head forward (B: 77 MB, x's row blocks 196 KB)", 16384, 50304, 768, 256, 1, 32},
+      {"gpt2 LM head dgrad (B: 77 MB, A's row blocks 12.9 MB)", 16384, 768, 50304, 256, 1, 16},
+      {"ffn_d4096 fc2 weight gradient (B: 268 MB)", 4096, 16384, 8192, 256, 1, 16},
+      {"welder_fc2 forward (16 tile rows)", 2048, 4096, 16384, 256, 1, 16},
+      {"gpt2 fc1 forward (B fits in L2)", 16384, 3072, 768, 256, 1, 8},
+      {"gpt2 fc1 weight gradient (96 tiles of 192 columns)", 3072, 768, 16384, 192, 1, 8},
+      {"gpt2 fc2 weight gradient", 768, 3072, 16384, 192, 1, 8},
+      {"gpt2 proj weight gradient (24 tiles: split)", 768, 768, 16384, 192, 5, 8},
+      {"one row", 1, 8, 8, 128, 1, 8},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    const cuda::Sm90Plan p = cuda::sm90_gemm_plan(c.m, c.n, c.k, kSms, kL2);
+    CHECK(!p.pingpong);
+    CHECK(p.tile_n == c.tile_n);
+    CHECK(p.splits == c.splits);
+    CHECK(p.group_m == c.group_m);
+  }
+  const cuda::Sm90Plan pp = cuda::sm90_gemm_plan(3072, 768, 16384, kSms, kL2,
+                                                 {.schedule = cuda::Sm90Schedule::pingpong});
+  CHECK((pp.pingpong && pp.tile_n == 128 && pp.splits == 1));  // forced schedules never split
+  const cuda::Sm90Plan forced = cuda::sm90_gemm_plan(
+      16384, 50304, 768, kSms, kL2, {.splits = 3, .tile_n = 192, .group_m = 5});
+  CHECK((!forced.pingpong && forced.tile_n == 192 && forced.splits == 3 && forced.group_m == 5));
+  // Forced splits stop at one a K block.
+  CHECK(cuda::sm90_gemm_plan(64, 64, 100, kSms, kL2, {.splits = 9}).splits == 2);
+#else
+  MESSAGE("a CPU-only build: no Hopper GEMM to plan");
+#endif
+}
+
 // fused-ffn's own Hopper GEMM (kernels/cuda/gemm/): C = op(A)·op(B) (+ bias) in every layout
 // against the f64 CPU reference by the low-precision rule, every element written (the output
 // is poisoned with NaN first), two runs bitwise equal.
@@ -183,7 +228,7 @@ FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs
 // of column tiles) compute what they compute alone, bit for bit: both schedules, both B
 // layouts, split-K, rows past m in a partner's half of A; 1100 × 768 pairs at BN = 128 and not
 // at the cooperative kernel's BN = 256 (3 tiles).
-FFN_GPU_TEST("sm90 GEMM: clusters sharing A change no bits") {
+FFN_GPU_TEST("sm90 GEMM: clusters sharing A and the tile order change no bits") {
   Generator g(79);
   if (!sm90_here()) {
     MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
@@ -220,6 +265,14 @@ FFN_GPU_TEST("sm90 GEMM: clusters sharing A change no bits") {
                                  std::to_string(k) + " splits " + std::to_string(cs.splits) +
                                  " schedule " + std::to_string(static_cast<int>(sched));
         CHECK_MESSAGE(equal_and_written(out[0], out[1]), what);
+        // Note [Tile groups]: groups of 1, 3 (a remainder group) and 64 tile rows.
+        for (int group : {1, 3, 64}) {
+          cuda::Sm90GemmArgs grouped = args;
+          grouped.group_m = group;
+          Tensor again = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
+          cuda::sm90_gemm(a, b, again, grouped);
+          CHECK_MESSAGE(equal_and_written(out[1], again), what, " groups of ", group);
+        }
       }
 }
 

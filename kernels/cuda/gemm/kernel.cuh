@@ -192,9 +192,10 @@ __global__ void __launch_bounds__(512, 1)
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward, kCluster>;
   using SH = ActShared<kBackward, kGlu, kDynamic>;
   extern __shared__ uint8_t smem_raw[];
-  TileScheduler sched = sched_in;  // cluster and rank as constants where they are
+  TileScheduler sched = sched_in;  // cluster, rank and group as constants where they are
   sched.cluster = kCluster;
   sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
+  sched.group_m = 8;  // the host's default (Note [Tile groups]): one decode without division
   const ML ml = ML::carve(smem_raw, SH::kBytes);
   const SH sh = SH::carve(ml.scratch);
   const auto ring = sh.ring(sched);
@@ -327,10 +328,11 @@ void launch_persistent(int threads, int smem, int units, int dev, const Args&...
 
 // c2: the second output of a two-output epilogue (ActTma), else null. kCluster = 2: A's tiles
 // shared in clusters (Note [Operand multicast]; K-major A, an even number of column tiles).
+// group_m: Note [Tile groups].
 template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi,
           int kCluster = 1>
 void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, int splits,
-            const Tensor* c2) {
+            int group_m, const Tensor* c2) {
   using ML = Mainloop<T, BN, STAGES, PINGPONG ? 4 : 8, A_MN, B_MN, kCluster>;
   const int dev = a.device().index;
   DeviceGuard guard(dev);
@@ -346,6 +348,7 @@ void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, i
   TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN / kCluster,
                       (k + ML::BK - 1) / ML::BK, splits};
   sched.cluster = kCluster;
+  sched.group_m = group_m;
   constexpr auto kernel = [] {
     if constexpr (PINGPONG)
       return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster>;
@@ -361,21 +364,22 @@ void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, i
 // A only), else alone.
 template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi>
 void launch_paired(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, int splits,
-                   const Tensor* c2) {
+                   int group_m, const Tensor* c2) {
   if constexpr (!A_MN) {
     if (ffn::gemm_multicast() && ((c.size(1) + BN - 1) / BN) % 2 == 0) {
-      launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 2>(a, b, c, epi, splits, c2);
+      launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 2>(a, b, c, epi, splits, group_m, c2);
       return;
     }
   }
-  launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 1>(a, b, c, epi, splits, c2);
+  launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 1>(a, b, c, epi, splits, group_m, c2);
 }
 
-// How a product is cut: schedule, tile width and split count.
+// How a product is cut: schedule, tile width, split count and tile order.
 struct Tiling {
   bool pingpong = false;
   int bn = 128;
   int splits = 1;
+  int group_m = 8;  // Note [Tile groups]
 };
 
 // As many stages as the 227 KiB of shared memory per block leave after the epilogue's
@@ -398,19 +402,19 @@ void launch_tiling(const Tensor& a, const Tensor& b, const Tensor& c, const Epi&
                    const Tiling& t, const Tensor* c2 = nullptr) {
   if (t.pingpong)
     launch_paired<T, 128, stages_for<Epi, 128, true>(), true, A_MN, B_MN>(a, b, c, epi, t.splits,
-                                                                          c2);
+                                                                          t.group_m, c2);
   else if (t.bn == 256)
     launch_paired<T, 256, stages_for<Epi, 256, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits,
-                                                                            c2);
+                                                                            t.group_m, c2);
   else if (t.bn == 192)
     if constexpr (TakesWidth192<Epi>::value)
-      launch_paired<T, 192, stages_for<Epi, 192, false>(), false, A_MN, B_MN>(a, b, c, epi,
-                                                                              t.splits, c2);
+      launch_paired<T, 192, stages_for<Epi, 192, false>(), false, A_MN, B_MN>(
+          a, b, c, epi, t.splits, t.group_m, c2);
     else
       FFN_CHECK(false, "[sm90_gemm] this epilogue has no 192-column tiles");
   else
     launch_paired<T, 128, stages_for<Epi, 128, false>(), false, A_MN, B_MN>(a, b, c, epi, t.splits,
-                                                                            c2);
+                                                                            t.group_m, c2);
 }
 
 // The activation GEMM's column tiles: 128 columns, or the GLU forward's 64-column blocks.

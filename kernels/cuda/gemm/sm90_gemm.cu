@@ -43,12 +43,24 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ ws, int splits, i
 // the measured default (cooperative, BN = 256 where N allows). Those with fewer tiles than
 // SMs take the tile width and split count that minimise a cost model: waves × K blocks per
 // unit × the time of one K block of a tile (from the measured mainloop rate, about 6 TFLOP/s
-// per SM), plus for split-K the workspace traffic (written and read once, 2.5 TB/s) and the
-// reduce kernel's launch (4 us).
-Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, Sm90Schedule schedule,
-                     int forced_splits, int tile_n) {
+// per SM), plus for split-K the workspace traffic (written and read once, 2.5 TB/s) and 12 us
+// for the reduce kernel's launch and tail (4 us until session 37, when gpt2's fc1 weight
+// gradient measured 0.134 ms unsplit in 192-column tiles against 0.141 split in four, which
+// the model had put 0.5 us ahead). The tile order (Note [Tile groups]): groups of 8 tile rows;
+// where B is larger than 80% of L2, 16, or longer (up to 64 rows) while a group's rows of A
+// take at most a sixth of L2.
+Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, int64_t l2_bytes,
+                     Sm90Schedule schedule, int forced_splits, int tile_n, int group_m) {
   Tiling t;
-  const int64_t k_blocks = (k + 63) / 64;
+  const int64_t k_blocks = (k + 63) / 64, tiles_m = (m + 127) / 128;
+  const double l2 = static_cast<double>(l2_bytes), row_bytes = 2.0 * 128 * static_cast<double>(k);
+  if (group_m > 0)
+    t.group_m = group_m;
+  else if (2.0 * static_cast<double>(n) * static_cast<double>(k) > 0.8 * l2 && tiles_m >= 16) {
+    t.group_m = 16;
+    while (t.group_m < 64 && 2 * t.group_m <= tiles_m && 2 * t.group_m * row_bytes <= l2 / 6)
+      t.group_m *= 2;
+  }
   auto tiles = [&](int bn) { return ((m + 127) / 128) * ((n + bn - 1) / bn); };
   if (schedule == Sm90Schedule::pingpong) {
     t.pingpong = true;
@@ -70,7 +82,7 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, Sm90Schedule sche
       const int64_t units = tiles(bn) * s;
       const double waves = static_cast<double>((units + sms - 1) / sms);
       double cost = waves * static_cast<double>((k_blocks + s - 1) / s) * kb_time;
-      if (s > 1) cost += 8.0 * s * static_cast<double>(m) * static_cast<double>(n) / 2.5e12 + 4e-6;
+      if (s > 1) cost += 8.0 * s * static_cast<double>(m) * static_cast<double>(n) / 2.5e12 + 12e-6;
       if (cost < best) best = cost, t.bn = bn, t.splits = s;
     }
   }
@@ -91,11 +103,13 @@ void dispatch_fused(const Tensor& a, const Tensor& b, const Tensor& c,
 // A plain product: C (+ bias) stored straight, or through split-K's workspace and reduce.
 template <class T, bool A_MN, bool B_MN>
 void dispatch_plain(const Tensor& a, const Tensor& b, Tensor& c, const T* bias, bool tma,
-                    Sm90Schedule schedule, int forced_splits, int tile_n, const RopeEpi& rope) {
+                    Sm90Schedule schedule, int forced_splits, int tile_n, int group_m,
+                    const RopeEpi& rope) {
   const int dev = a.device().index;
   const int64_t m = c.size(0), n = c.size(1), k = A_MN ? a.size(0) : a.size(1);
-  const Tiling t = choose_tiling(m, n, k, properties(dev).multiProcessorCount, schedule,
-                                 forced_splits, tile_n);
+  const cudaDeviceProp& props = properties(dev);
+  const Tiling t = choose_tiling(m, n, k, props.multiProcessorCount, props.l2CacheSize, schedule,
+                                 forced_splits, tile_n, group_m);
   if (t.splits > 1) {
     Tensor ws = Tensor::empty({t.splits, m, n}, DType::f32, a.device());
     launch_tiling<T, A_MN, B_MN>(
@@ -129,6 +143,13 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 }  // namespace gemm
+
+Sm90Plan sm90_gemm_plan(int64_t m, int64_t n, int64_t k, int sms, int64_t l2_bytes,
+                        const Sm90GemmArgs& args) {
+  const gemm::Tiling t = gemm::choose_tiling(m, n, k, sms, l2_bytes, args.schedule, args.splits,
+                                             args.tile_n, args.group_m);
+  return {t.pingpong, t.bn, t.splits, t.group_m};
+}
 
 bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c, bool trans_a,
                          bool trans_b) {
@@ -169,6 +190,8 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
                                  (args.tile_n == 128 || args.schedule != Sm90Schedule::pingpong)),
             "[sm90_gemm] tile_n must be 0 (automatic), 128, 192 or 256 (ping-pong: 128), got ",
             args.tile_n);
+  FFN_CHECK(args.group_m >= 0, "[sm90_gemm] group_m must be >= 0 (0: automatic), got ",
+            args.group_m);
   gemm::RopeEpi rope;
   if (args.rope_base > 0) {
     FFN_CHECK(!args.trans_a && args.trans_b && tma && args.rope_cols > 0 &&
@@ -187,7 +210,8 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
   auto run = [&]<class T, bool A_MN, bool B_MN>() {
     const T* bias = args.bias.defined() ? static_cast<const T*>(args.bias.data_ptr()) : nullptr;
     gemm::dispatch_plain<T, A_MN, B_MN>(a, b, c, bias, tma, args.schedule,
-                                        rope.table ? 1 : args.splits, args.tile_n, rope);
+                                        rope.table ? 1 : args.splits, args.tile_n, args.group_m,
+                                        rope);
   };
   auto by_layout = [&]<class T>() {
     if (!args.trans_a && args.trans_b)

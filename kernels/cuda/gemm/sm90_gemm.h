@@ -36,6 +36,9 @@ struct Sm90GemmArgs {
   // Tile width: 0 lets the shape decide; 128, 192 or 256 forces it (cooperative; ping-pong
   // runs 128 only).
   int tile_n = 0;
+  // Tile order (Note [Tile groups] in tile_scheduler.cuh): 0 lets the shape decide, g > 0 walks
+  // groups of g tile rows. Changes no bits.
+  int group_m = 0;
   // Rotary embeddings in the epilogue (Note [Fused rotary embeddings] in
   // layers/attention.cpp): with rope_base > 0 the first rope_cols columns of C, heads of 64,
   // are rotated as kernels/rope.h's forward (after the bias), row r at sequence position r %
@@ -54,6 +57,18 @@ bool sm90_gemm_supported(const Tensor& a, const Tensor& b, const Tensor& c, bool
 
 // c = op(a)·op(b) (+ bias).
 void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& args = {});
+
+// How sm90_gemm cuts c [m, n] = a product over k on a GPU of `sms` SMs and `l2_bytes` of L2
+// (host logic; Note [Split-K], Note [Tile groups]): the args' schedule, tile_n, splits and
+// group_m where they force them, else the shape's choice (rotary epilogues never split).
+struct Sm90Plan {
+  bool pingpong;
+  int tile_n;
+  int splits;
+  int group_m;
+};
+Sm90Plan sm90_gemm_plan(int64_t m, int64_t n, int64_t k, int sms, int64_t l2_bytes,
+                        const Sm90GemmArgs& args = {});
 
 // fc1 of the plain FFN in one kernel: z = x·wᵀ (stored when z is given), hd =
 // dropout(act(z + b)) with exactly bias_act_dropout's arithmetic and mask.
