@@ -88,6 +88,7 @@ std::atomic<int> g_autotune{-1};   // -1: not decided yet (read FFN_GEMM_TUNE)
 std::atomic<int> g_epilogues{-1};  // -1: not decided yet (read FFN_GEMM_EPILOGUES)
 std::atomic<int> g_dynamic_order{0};
 std::atomic<int> g_multicast{-1};  // -1: not decided yet (read FFN_GEMM_MULTICAST)
+std::atomic<int> g_group_rows{-1};  // -1: not decided yet (read FFN_GEMM_GROUP_ROWS)
 
 bool env_switch(std::atomic<int>& v, const char* name) {
   int x = v.load();
@@ -144,6 +145,31 @@ void set_gemm_multicast(bool on) {
 
 bool gemm_multicast() {
   return env_switch(g_multicast, "FFN_GEMM_MULTICAST");
+}
+
+void set_gemm_group_rows(int rows) {
+  FFN_CHECK(rows >= 0 && rows <= 4096 && (rows & (rows - 1)) == 0,
+            "[gemm] group rows must be 0 (by shape) or a power of two up to 4096, got ", rows);
+  g_group_rows = rows;
+}
+
+int gemm_group_rows() {
+  int x = g_group_rows.load();
+  if (x < 0) {
+    const char* e = std::getenv("FFN_GEMM_GROUP_ROWS");
+    x = 0;
+    if (e && *e) {
+      char* end = nullptr;
+      const long v = std::strtol(e, &end, 10);
+      FFN_CHECK(*end == '\0' && v >= 0 && v <= 4096 && (v & (v - 1)) == 0,
+                "[gemm] FFN_GEMM_GROUP_ROWS must be 0 (by shape) or a power of two up to 4096 "
+                "(tile rows), got \"",
+                e, "\"");
+      x = static_cast<int>(v);
+    }
+    g_group_rows = x;
+  }
+  return x;
 }
 
 void set_gemm_autotune(bool on) {

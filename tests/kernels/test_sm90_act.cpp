@@ -332,8 +332,9 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
 // and without dropout, at a shape whose ring wraps (more than 8 tiles a CTA) and at GPT-2's
 // fc1. The shapes' column tiles pair up (multicast runs in the forwards, rows past m in a
 // partner's half of A included; in the plain backward at 600 × 512 × 2048, act_multicast's
-// K >= 2048) except the last one's (odd: multicast declines).
-FFN_GPU_TEST("sm90 activation GEMMs: the unit order and operand multicast change no bits") {
+// K >= 2048) except the last one's (odd: multicast declines). The fourth run walks groups of
+// 2 tile rows instead of the shape's 8 (Note [Tile groups]; remainder groups at odd rows).
+FFN_GPU_TEST("sm90 activation GEMMs: unit order, multicast and tile groups change no bits") {
   Generator g(78);
   if (!sm90_here()) {
     MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
@@ -345,9 +346,11 @@ FFN_GPU_TEST("sm90 activation GEMMs: the unit order and operand multicast change
   }
   struct Restore {
     bool order = gemm_dynamic_order(), multicast = gemm_multicast();
+    int group = gemm_group_rows();
     ~Restore() {
       set_gemm_dynamic_order(order);
       set_gemm_multicast(multicast);
+      set_gemm_group_rows(group);
     }
   } restore;
   const int64_t dims[][3] = {
@@ -367,12 +370,17 @@ FFN_GPU_TEST("sm90 activation GEMMs: the unit order and operand multicast change
       const Tensor b = rand64({n}, g).to(dt).to(kGpu);
       const struct {
         bool dynamic, multicast;
+        int group;
         const char* name;
-      } runs[] = {{true, false, "dynamic"}, {false, false, "static"}, {false, true, "multicast"}};
-      std::vector<Tensor> outs[3];
-      for (int r = 0; r < 3; ++r) {
+      } runs[] = {{true, false, 0, "dynamic"},
+                  {false, false, 0, "static"},
+                  {false, true, 0, "multicast"},
+                  {false, true, 2, "multicast in groups of 2 tile rows"}};
+      std::vector<Tensor> outs[4];
+      for (int r = 0; r < 4; ++r) {
         set_gemm_dynamic_order(runs[r].dynamic);
         set_gemm_multicast(runs[r].multicast);
+        set_gemm_group_rows(runs[r].group);
         CHECK(gemm_dynamic_order() == runs[r].dynamic);
         Tensor z = Tensor::full({m, n}, NAN, dt, kGpu), hd = z.clone(), dz = z.clone(),
                hd2 = z.clone(), db = Tensor::full({n}, NAN, dt, kGpu);
@@ -388,7 +396,7 @@ FFN_GPU_TEST("sm90 activation GEMMs: the unit order and operand multicast change
       }
       const char* names[] = {"z",     "hd",      "dz",     "recomputed hd", "db",
                              "GLU z", "GLU out", "GLU dz", "GLU out again", "GLU db"};
-      for (int r = 1; r < 3; ++r)
+      for (int r = 1; r < 4; ++r)
         for (size_t i = 0; i < outs[0].size(); ++i)
           CHECK_MESSAGE(equal_and_written(outs[0][i], outs[r][i]), what, ": ", names[i], ", ",
                         runs[r].name, " against dynamic");

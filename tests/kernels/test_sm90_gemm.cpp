@@ -50,17 +50,24 @@ TEST_CASE("sm90 GEMM plan: tile width, split count and tile groups by shape, or 
     CHECK(p.splits == c.splits);
     CHECK(p.group_m == c.group_m);
   }
-  const cuda::Sm90Plan pp = cuda::sm90_gemm_plan(3072, 768, 16384, kSms, kL2,
-                                                 {.schedule = cuda::Sm90Schedule::pingpong});
+  const cuda::Sm90Plan pp =
+      cuda::sm90_gemm_plan(3072, 768, 16384, kSms, kL2, {.schedule = cuda::Sm90Schedule::pingpong});
   CHECK((pp.pingpong && pp.tile_n == 128 && pp.splits == 1));  // forced schedules never split
-  const cuda::Sm90Plan forced = cuda::sm90_gemm_plan(
-      16384, 50304, 768, kSms, kL2, {.splits = 3, .tile_n = 192, .group_m = 5});
-  CHECK((!forced.pingpong && forced.tile_n == 192 && forced.splits == 3 && forced.group_m == 5));
+  const cuda::Sm90Plan forced = cuda::sm90_gemm_plan(16384, 50304, 768, kSms, kL2,
+                                                     {.splits = 3, .tile_n = 192, .group_m = 4});
+  CHECK((!forced.pingpong && forced.tile_n == 192 && forced.splits == 3 && forced.group_m == 4));
   // Forced splits stop at one a K block.
   CHECK(cuda::sm90_gemm_plan(64, 64, 100, kSms, kL2, {.splits = 9}).splits == 2);
 #else
   MESSAGE("a CPU-only build: no Hopper GEMM to plan");
 #endif
+  // The process-wide override (FFN_GEMM_GROUP_ROWS) takes powers of two only.
+  CHECK_THROWS_WITH(set_gemm_group_rows(3),
+                    doctest::Contains("group rows must be 0 (by shape) or a power of two"));
+  const int was = gemm_group_rows();
+  set_gemm_group_rows(16);
+  CHECK(gemm_group_rows() == 16);
+  set_gemm_group_rows(was);
 }
 
 // fused-ffn's own Hopper GEMM (kernels/cuda/gemm/): C = op(A)·op(B) (+ bias) in every layout
@@ -265,14 +272,18 @@ FFN_GPU_TEST("sm90 GEMM: clusters sharing A and the tile order change no bits") 
                                  std::to_string(k) + " splits " + std::to_string(cs.splits) +
                                  " schedule " + std::to_string(static_cast<int>(sched));
         CHECK_MESSAGE(equal_and_written(out[0], out[1]), what);
-        // Note [Tile groups]: groups of 1, 3 (a remainder group) and 64 tile rows.
-        for (int group : {1, 3, 64}) {
+        // Note [Tile groups]: groups of 1, 2 (a remainder group at 3 and 9 tile rows) and 64.
+        for (int group : {1, 2, 64}) {
           cuda::Sm90GemmArgs grouped = args;
           grouped.group_m = group;
           Tensor again = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
           cuda::sm90_gemm(a, b, again, grouped);
           CHECK_MESSAGE(equal_and_written(out[1], again), what, " groups of ", group);
         }
+        cuda::Sm90GemmArgs odd = args;
+        odd.group_m = 3;
+        CHECK_THROWS_WITH(cuda::sm90_gemm(a, b, out[1], odd),
+                          doctest::Contains("group_m must be 0 (automatic) or a power of two"));
       }
 }
 

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <mutex>
 #include <type_traits>
 
@@ -27,6 +28,7 @@ namespace ffn {
 // this namespace.
 bool gemm_dynamic_order();
 bool gemm_multicast();
+int gemm_group_rows();
 }  // namespace ffn
 
 namespace ffn::cuda::gemm {
@@ -192,10 +194,9 @@ __global__ void __launch_bounds__(512, 1)
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward, kCluster>;
   using SH = ActShared<kBackward, kGlu, kDynamic>;
   extern __shared__ uint8_t smem_raw[];
-  TileScheduler sched = sched_in;  // cluster, rank and group as constants where they are
+  TileScheduler sched = sched_in;  // cluster and rank as constants where they are
   sched.cluster = kCluster;
   sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
-  sched.group_m = 8;  // the host's default (Note [Tile groups]): one decode without division
   const ML ml = ML::carve(smem_raw, SH::kBytes);
   const SH sh = SH::carve(ml.scratch);
   const auto ring = sh.ring(sched);
@@ -348,7 +349,7 @@ void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, i
   TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN / kCluster,
                       (k + ML::BK - 1) / ML::BK, splits};
   sched.cluster = kCluster;
-  sched.group_m = group_m;
+  sched.group_shift = std::countr_zero(static_cast<unsigned>(group_m));  // a power of two
   constexpr auto kernel = [] {
     if constexpr (PINGPONG)
       return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster>;
@@ -454,6 +455,11 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
   TileScheduler sched{(m + 127) / 128, act_tiles_n<kBackward, kGlu>(n) / kCluster, (k + 63) / 64,
                       1};
   sched.cluster = kCluster;
+  const int group_m = ffn::gemm_group_rows() > 0
+                          ? ffn::gemm_group_rows()
+                          : group_rows(sched.tiles_m, static_cast<double>(b.numel()) * sizeof(T),
+                                       2.0 * 128 * k, properties(dev).l2CacheSize);
+  sched.group_shift = std::countr_zero(static_cast<unsigned>(group_m));  // a power of two
   constexpr auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic, kCluster>;
   const int smem = ML::smem_bytes(ActShared<kBackward, kGlu, kDynamic>::kBytes);
   const UnitCounter units = kDynamic ? unit_counter(dev) : UnitCounter{};

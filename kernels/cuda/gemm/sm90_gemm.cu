@@ -46,21 +46,16 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ ws, int splits, i
 // per SM), plus for split-K the workspace traffic (written and read once, 2.5 TB/s) and 12 us
 // for the reduce kernel's launch and tail (4 us until session 37, when gpt2's fc1 weight
 // gradient measured 0.134 ms unsplit in 192-column tiles against 0.141 split in four, which
-// the model had put 0.5 us ahead). The tile order (Note [Tile groups]): groups of 8 tile rows;
-// where B is larger than 80% of L2, 16, or longer (up to 64 rows) while a group's rows of A
-// take at most a sixth of L2.
+// the model had put 0.5 us ahead). The tile order: Note [Tile groups]' group_rows unless
+// forced (Sm90GemmArgs::group_m, else gemm_group_rows()).
 Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, int64_t l2_bytes,
                      Sm90Schedule schedule, int forced_splits, int tile_n, int group_m) {
   Tiling t;
   const int64_t k_blocks = (k + 63) / 64, tiles_m = (m + 127) / 128;
-  const double l2 = static_cast<double>(l2_bytes), row_bytes = 2.0 * 128 * static_cast<double>(k);
-  if (group_m > 0)
-    t.group_m = group_m;
-  else if (2.0 * static_cast<double>(n) * static_cast<double>(k) > 0.8 * l2 && tiles_m >= 16) {
-    t.group_m = 16;
-    while (t.group_m < 64 && 2 * t.group_m <= tiles_m && 2 * t.group_m * row_bytes <= l2 / 6)
-      t.group_m *= 2;
-  }
+  t.group_m = group_m > 0
+                  ? group_m
+                  : group_rows(tiles_m, 2.0 * static_cast<double>(n) * static_cast<double>(k),
+                               2.0 * 128 * static_cast<double>(k), static_cast<double>(l2_bytes));
   auto tiles = [&](int bn) { return ((m + 127) / 128) * ((n + bn - 1) / bn); };
   if (schedule == Sm90Schedule::pingpong) {
     t.pingpong = true;
@@ -76,8 +71,7 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, int64_t l2_bytes,
   double best = INFINITY;
   for (int bn : {128, 192, 256}) {
     if (bn > 128 && n < bn) continue;
-    const double kb_time =
-        2.0 * 128 * bn * 64 / (bn == 256 ? 6.0e12 : bn == 192 ? 5.8e12 : 5.5e12);
+    const double kb_time = 2.0 * 128 * bn * 64 / (bn == 256 ? 6.0e12 : bn == 192 ? 5.8e12 : 5.5e12);
     for (int s = 1; s <= 16 && s <= k_blocks / 4 + (s == 1); ++s) {
       const int64_t units = tiles(bn) * s;
       const double waves = static_cast<double>((units + sms - 1) / sms);
@@ -108,8 +102,9 @@ void dispatch_plain(const Tensor& a, const Tensor& b, Tensor& c, const T* bias, 
   const int dev = a.device().index;
   const int64_t m = c.size(0), n = c.size(1), k = A_MN ? a.size(0) : a.size(1);
   const cudaDeviceProp& props = properties(dev);
-  const Tiling t = choose_tiling(m, n, k, props.multiProcessorCount, props.l2CacheSize, schedule,
-                                 forced_splits, tile_n, group_m);
+  const Tiling t =
+      choose_tiling(m, n, k, props.multiProcessorCount, props.l2CacheSize, schedule, forced_splits,
+                    tile_n, group_m > 0 ? group_m : ffn::gemm_group_rows());
   if (t.splits > 1) {
     Tensor ws = Tensor::empty({t.splits, m, n}, DType::f32, a.device());
     launch_tiling<T, A_MN, B_MN>(
@@ -190,7 +185,8 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
                                  (args.tile_n == 128 || args.schedule != Sm90Schedule::pingpong)),
             "[sm90_gemm] tile_n must be 0 (automatic), 128, 192 or 256 (ping-pong: 128), got ",
             args.tile_n);
-  FFN_CHECK(args.group_m >= 0, "[sm90_gemm] group_m must be >= 0 (0: automatic), got ",
+  FFN_CHECK(args.group_m >= 0 && args.group_m <= 4096 && (args.group_m & (args.group_m - 1)) == 0,
+            "[sm90_gemm] group_m must be 0 (automatic) or a power of two up to 4096, got ",
             args.group_m);
   gemm::RopeEpi rope;
   if (args.rope_base > 0) {

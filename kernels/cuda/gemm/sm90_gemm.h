@@ -36,8 +36,9 @@ struct Sm90GemmArgs {
   // Tile width: 0 lets the shape decide; 128, 192 or 256 forces it (cooperative; ping-pong
   // runs 128 only).
   int tile_n = 0;
-  // Tile order (Note [Tile groups] in tile_scheduler.cuh): 0 lets the shape decide, g > 0 walks
-  // groups of g tile rows. Changes no bits.
+  // Tile order (Note [Tile groups] in tile_scheduler.cuh): 0 lets the shape decide (or
+  // gemm_group_rows(), kernels/gemm.h, where set), a power of two g up to 4096 walks groups of
+  // g tile rows. Changes no bits.
   int group_m = 0;
   // Rotary embeddings in the epilogue (Note [Fused rotary embeddings] in
   // layers/attention.cpp): with rope_base > 0 the first rope_cols columns of C, heads of 64,

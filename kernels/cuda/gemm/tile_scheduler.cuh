@@ -33,18 +33,21 @@ struct Unit {
 
 // Note [Tile groups]
 // ~~~~~~~~~~~~~~~~~~
-// The CTAs running at one time take consecutive tiles: a group of group_m tile rows walked
-// column by column. Each group reads all of B once while its group_m row blocks of A stay in
-// L2, so B is read from DRAM ceil(tiles_m / group_m) times; a wave of 132 CTAs reads group_m
-// row blocks of A and 132 / group_m column blocks of B. Eight rows suit the shapes whose B
-// fits in L2. Where B is larger (the FFN workloads at d = 4096, welder_fc2, GEGLU at
-// d = 2048, the LM head), 16 rows measured up to 14% faster and nowhere slower beyond the
-// timing noise (session 37, ffn-bench --gemm: ffn_d4096's fc2 weight gradient 1.92 -> 1.66
-// ms). Where A's row blocks are short as well (the LM head's forward: B is the 77 MB
-// embedding table, a row block of x 196 KB) eight rows re-read B sixteen times: 32 rows took
-// the L2 hit rate from 85% to 95% and the kernel from 2.20 to 2.09 ms. sm90_gemm.cu's
-// choose_tiling picks the length. The order changes which CTA computes a tile, never how:
-// no bits change.
+// The CTAs running at one time take consecutive tiles: a group of group rows (a power of two,
+// 1 << group_shift) walked column by column. Each group reads all of B once while its row
+// blocks of A stay in L2, so B is read from DRAM ceil(tiles_m / group) times; a wave of 132
+// CTAs reads `group` row blocks of A and 132 / group column blocks of B. Eight rows suit the
+// shapes whose B fits in L2. Where B is larger (the FFN workloads at d = 4096, welder_fc2,
+// GEGLU at d = 2048, the LM head), 16 rows measured up to 14% faster and nowhere slower beyond
+// the timing noise (H100, session 37, ffn-bench --gemm: ffn_d4096's fc2 weight gradient 1.92
+// -> 1.66 ms; the activation kernels at ffn_d4096 3-5% faster, ffn-bench --act-epilogues).
+// Where A's row blocks are short as well (the LM head's forward: B is the 77 MB embedding
+// table, a row block of x 196 KB) eight rows re-read B sixteen times: 32 rows took the L2 hit
+// rate from 85% to 95% and the kernel from 2.20 to 2.09 ms. group_rows below picks the length
+// for the plain kernels (sm90_gemm.cu's choose_tiling) and the activation kernels
+// (kernel.cuh's launch_act_in); Sm90GemmArgs::group_m or gemm_group_rows()
+// (FFN_GEMM_GROUP_ROWS) force it. The order changes which CTA computes a tile, never how: no
+// bits change.
 struct TileScheduler {
   int tiles_m, tiles_n;
   int k_blocks;    // K blocks of the whole product
@@ -54,7 +57,7 @@ struct TileScheduler {
   // kernel) computes the pair's tile 2q + rank. The cluster's CTAs take the same units.
   int cluster = 1;
   int rank = 0;
-  int group_m = 8;  // Note [Tile groups]
+  int group_shift = 3;  // Note [Tile groups]: groups of 1 << group_shift tile rows
 
   __host__ __device__ int num_tiles() const { return tiles_m * tiles_n; }
   // The persistent stride: CTA b takes units b, b + gridDim.x, ...; in clusters (cluster = 2)
@@ -64,15 +67,16 @@ struct TileScheduler {
   __host__ __device__ int num_units() const { return num_tiles() * splits; }
   // Tile t → (tile row, tile column). The activation kernels' warps decode one to three units
   // a tile (Note [Activation warpgroup]), so the common cases skip the divisions they do not
-  // need: a whole group of group_m tile rows and no split.
+  // need: a whole group of tile rows (a mask and a shift) and no split.
   __device__ __forceinline__ void coords(int t, int& tm, int& tn) const {
-    const int per_group = group_m * tiles_n;
+    const int group_m = 1 << group_shift;
+    const int per_group = tiles_n << group_shift;
     const int group = t / per_group;
-    const int first_m = group * group_m;
+    const int first_m = group << group_shift;
     const int in_group = t - group * per_group;
     if (tiles_m - first_m >= group_m) {
-      tn = in_group / group_m;
-      tm = first_m + in_group - tn * group_m;
+      tm = first_m + (in_group & (group_m - 1));
+      tn = in_group >> group_shift;
     } else {
       const int size_m = tiles_m - first_m;
       tm = first_m + in_group % size_m;
@@ -97,6 +101,17 @@ struct TileScheduler {
     return w;
   }
 };
+
+// Note [Tile groups]' length for a product of tiles_m tile rows whose B takes b_bytes and
+// whose A takes row_bytes a tile row, on a GPU with l2_bytes of L2: 8 rows; where B is larger
+// than 80% of L2 and there are 16 tile rows or more, 16, doubled up to 64 while a group's rows
+// of A take at most a sixth of L2.
+inline int group_rows(int64_t tiles_m, double b_bytes, double row_bytes, double l2_bytes) {
+  if (b_bytes <= 0.8 * l2_bytes || tiles_m < 16) return 8;
+  int g = 16;
+  while (g < 64 && 2 * g <= tiles_m && 2 * g * row_bytes <= l2_bytes / 6) g *= 2;
+  return g;
+}
 
 // Note [Dynamic unit order]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
