@@ -253,6 +253,21 @@ void gemm_comparison(int device, int warmup, int iters, const std::string& only)
       const double coop_b2b = ours_b2b(cuda::Sm90Schedule::cooperative);
       const double pp_b2b = ours_b2b(cuda::Sm90Schedule::pingpong);
       const double best_b2b = ours_b2b(cuda::Sm90Schedule::automatic);
+      // The automatic choice in groups of 8 to 64 tile rows (Note [Tile groups]).
+      double group_b2b[4];
+      for (int i = 0; i < 4; ++i) {
+        const cuda::Sm90GemmArgs args{.trans_a = p.ta, .trans_b = p.tb, .group_m = 8 << i};
+        group_b2b[i] =
+            back_to_back_ms(device, warmup, iters, [&] { cuda::sm90_gemm(p.a, p.b, p.c, args); });
+      }
+      // The cooperative kernel at each tile width, forced (Sm90GemmArgs::tile_n).
+      double width_b2b[3];
+      for (int i = 0; i < 3; ++i) {
+        const cuda::Sm90GemmArgs args{
+            .trans_a = p.ta, .trans_b = p.tb, .splits = 1, .tile_n = 128 + 64 * i};
+        width_b2b[i] =
+            back_to_back_ms(device, warmup, iters, [&] { cuda::sm90_gemm(p.a, p.b, p.c, args); });
+      }
       const double lt_b2b = back_to_back_ms(
           device, warmup, iters, [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); });
       // What ffn-train ran before session 18 (runtime.gemm_autotune = false, for bit-exact
@@ -264,18 +279,23 @@ void gemm_comparison(int device, int warmup, int iters, const std::string& only)
       set_gemm_autotune(tuned);
       const int64_t m = p.c.size(0), n = p.c.size(1), k = p.ta ? p.a.size(0) : p.a.size(1);
       const double fl = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-      std::printf("{\"gemm\": \"%s.%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
-                  "\"ours_ms\": %.4f, \"cublaslt_ms\": %.4f, \"ours_tflops\": %.1f, "
-                  "\"cublaslt_tflops\": %.1f, \"ours_over_cublaslt\": %.3f, "
-                  "\"cooperative_ms\": %.4f, \"pingpong_ms\": %.4f, "
-                  "\"cooperative_register_store_ms\": %.4f, "
-                  "\"cublaslt_first_ms\": %.4f, \"ours_over_cublaslt_first\": %.3f, "
-                  "\"b2b_ours_ms\": %.4f, \"b2b_cooperative_ms\": %.4f, \"b2b_pingpong_ms\": %.4f, "
-                  "\"b2b_cublaslt_ms\": %.4f, \"b2b_best_ours_over_cublaslt\": %.3f}\n",
-                  sh.name, p.pass, static_cast<long long>(m), static_cast<long long>(n),
-                  static_cast<long long>(k), best, lt, fl / best / 1e9, fl / lt / 1e9, best / lt,
-                  coop, pp, coop_regs, lt_first, best / lt_first, best_b2b, coop_b2b, pp_b2b,
-                  lt_b2b, std::min({best_b2b, coop_b2b, pp_b2b}) / lt_b2b);
+      std::printf(
+          "{\"gemm\": \"%s.%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+          "\"ours_ms\": %.4f, \"cublaslt_ms\": %.4f, \"ours_tflops\": %.1f, "
+          "\"cublaslt_tflops\": %.1f, \"ours_over_cublaslt\": %.3f, "
+          "\"cooperative_ms\": %.4f, \"pingpong_ms\": %.4f, "
+          "\"cooperative_register_store_ms\": %.4f, "
+          "\"cublaslt_first_ms\": %.4f, \"ours_over_cublaslt_first\": %.3f, "
+          "\"b2b_ours_ms\": %.4f, \"b2b_cooperative_ms\": %.4f, \"b2b_pingpong_ms\": %.4f, "
+          "\"b2b_cublaslt_ms\": %.4f, \"b2b_best_ours_over_cublaslt\": %.3f, "
+          "\"b2b_unsplit_bn128_ms\": %.4f, \"b2b_unsplit_bn192_ms\": %.4f, "
+          "\"b2b_unsplit_bn256_ms\": %.4f, \"b2b_group8_ms\": %.4f, "
+          "\"b2b_group16_ms\": %.4f, \"b2b_group32_ms\": %.4f, \"b2b_group64_ms\": %.4f}\n",
+          sh.name, p.pass, static_cast<long long>(m), static_cast<long long>(n),
+          static_cast<long long>(k), best, lt, fl / best / 1e9, fl / lt / 1e9, best / lt, coop, pp,
+          coop_regs, lt_first, best / lt_first, best_b2b, coop_b2b, pp_b2b, lt_b2b,
+          std::min({best_b2b, coop_b2b, pp_b2b}) / lt_b2b, width_b2b[0], width_b2b[1], width_b2b[2],
+          group_b2b[0], group_b2b[1], group_b2b[2], group_b2b[3]);
       std::fflush(stdout);
     }
   }
