@@ -13,13 +13,13 @@ namespace ffn::bench {
 // An H100 under GEMM load runs into its 700 W power cap within ~0.1 s, and from then on its SM
 // clock swings between ~1.4 and ~1.98 GHz with a period of about a second (nvidia-smi every
 // 100 ms, throttle reason "SW power cap"; 100-ms bins of one back-to-back GEMM 207-254 us:
-// bench/RESULTS.md session 30). Thirty 1.5-ms steps sample one phase of that swing, so two
-// runs of the same binary differed by up to 10%, and what ran just before (an autotuner
-// timing its candidates, another benchmark) moved the result: session 30 saw a 12-16%
-// "regression" of the FFN workloads that was 1.5-2% once each variant ran 200 steps. Every
-// timed loop therefore goes on until it has both `iters` runs and `window_ms` of wall time
-// (ffn-bench --window-ms, default 1000), so its median is taken over the clock's whole swing,
-// as a training run sees it. 0 restores the plain `iters` runs.
+// bench/RESULTS-2026-11-27-s30-32.md session 30). Thirty 1.5-ms steps sample one phase of that
+// swing, so two runs of the same binary differed by up to 10%, and what ran just before (an
+// autotuner timing its candidates, another benchmark) moved the result: session 30 saw a 12-16%
+// "regression" of the FFN workloads that was 1.5-2% once each variant ran 200 steps. Every timed
+// loop therefore goes on until it has both `iters` runs and `window_ms` of wall time (ffn-bench
+// --window-ms, default 1000), so its median is taken over the clock's whole swing, as a training
+// run sees it. 0 restores the plain `iters` runs.
 inline double& window_ms() {
   static double ms = 1000;
   return ms;
