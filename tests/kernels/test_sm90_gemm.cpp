@@ -177,6 +177,48 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference in every layout 
                     doctest::Contains("[sm90_gemm] cannot run a [8, 8] bf16"));
 }
 
+// The 192-column tiles (session 37) on their own, small enough for racecheck: the three
+// layouts, TMA and register stores, unsplit and split (StorePartial), 3 column tiles (odd:
+// no clusters) and 2 (clusters sharing A where A is K-major), against the CPU reference.
+FFN_GPU_TEST("sm90 GEMM in 192-column tiles: layouts, stores, splits, clusters") {
+  Generator g(83);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  const int64_t dims[][3] = {{136, 392, 200}, {264, 384, 520}};
+  for (auto& d : dims)
+    for (auto [ta, tb] :
+         {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}}) {
+      const int64_t m = d[0], n = d[1], k = d[2];
+      const std::vector<int64_t> sa = ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k};
+      const std::vector<int64_t> sb = tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
+      const Tensor a64 = exact(rand64(sa, g), DType::bf16), b64 = exact(rand64(sb, g), DType::bf16);
+      const Tensor c64 = exact(rand64({n}, g), DType::bf16);
+      const Tensor ref = matmul(a64, b64, {.trans_a = ta, .trans_b = tb, .bias = c64});
+      const Tensor naive = matmul(a64.to(DType::f32), b64.to(DType::f32),
+                                  {.trans_a = ta, .trans_b = tb, .bias = c64.to(DType::f32)});
+      const Tensor a = a64.to(DType::bf16).to(kGpu), b = b64.to(DType::bf16).to(kGpu);
+      for (int splits : {1, 3})
+        for (bool tma : {true, false}) {
+          const cuda::Sm90GemmArgs args{.trans_a = ta,
+                                        .trans_b = tb,
+                                        .bias = c64.to(DType::bf16).to(kGpu),
+                                        .tma_store = tma,
+                                        .splits = splits,
+                                        .tile_n = 192};
+          Tensor out = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
+          cuda::sm90_gemm(a, b, out, args);
+          const std::string what = std::string("sm90 gemm BN 192 ") + layout_name(ta, tb) + " m" +
+                                   std::to_string(m) + " n" + std::to_string(n) + " k" +
+                                   std::to_string(k) + " splits " + std::to_string(splits) +
+                                   (tma ? " tma-store" : " register-store");
+          check_against_reference(out, ref, naive, DType::bf16, what,
+                                  {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+        }
+    }
+}
+
 FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs are bitwise equal") {
   Generator g(73);
   if (!sm90_here()) {
