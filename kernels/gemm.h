@@ -139,10 +139,9 @@ bool gemm_multicast();
 
 // How many tile rows the own Hopper GEMM's kernels walk as a group (Note [Tile groups] in
 // kernels/cuda/gemm/tile_scheduler.cuh): 0 (the default) lets each product's shape decide, a
-// power of two g up to 4096 forces groups of g rows on every kernel where Sm90GemmArgs::group_m
-// does not.
-// FFN_GEMM_GROUP_ROWS=g sets it from the environment (A/B runs). Bit-identical results
-// either way.
+// power of two g up to 4096 forces groups of g rows on every kernel where
+// Sm90GemmArgs::group_m does not. FFN_GEMM_GROUP_ROWS=g sets it from the environment (A/B
+// runs). Bit-identical results either way.
 void set_gemm_group_rows(int rows);
 int gemm_group_rows();
 
