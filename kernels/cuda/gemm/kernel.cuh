@@ -455,8 +455,9 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
   TileScheduler sched{(m + 127) / 128, act_tiles_n<kBackward, kGlu>(n) / kCluster, (k + 63) / 64,
                       1};
   sched.cluster = kCluster;
-  const int group_m = ffn::gemm_group_rows() > 0
-                          ? ffn::gemm_group_rows()
+  const int forced_group = ffn::gemm_group_rows();
+  const int group_m = forced_group > 0
+                          ? forced_group
                           : group_rows(sched.tiles_m, static_cast<double>(b.numel()) * sizeof(T),
                                        2.0 * 128 * k, properties(dev).l2CacheSize);
   sched.group_shift = std::countr_zero(static_cast<unsigned>(group_m));  // a power of two

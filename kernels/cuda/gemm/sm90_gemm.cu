@@ -56,7 +56,7 @@ Tiling choose_tiling(int64_t m, int64_t n, int64_t k, int sms, int64_t l2_bytes,
                   ? group_m
                   : group_rows(tiles_m, 2.0 * static_cast<double>(n) * static_cast<double>(k),
                                2.0 * 128 * static_cast<double>(k), static_cast<double>(l2_bytes));
-  auto tiles = [&](int bn) { return ((m + 127) / 128) * ((n + bn - 1) / bn); };
+  auto tiles = [&](int bn) { return tiles_m * ((n + bn - 1) / bn); };
   if (schedule == Sm90Schedule::pingpong) {
     t.pingpong = true;
     t.bn = 128;
