@@ -177,6 +177,23 @@ FFN_GPU_TEST("sm90 GEMM (TMA + wgmma) matches the CPU reference in every layout 
                     doctest::Contains("[sm90_gemm] cannot run a [8, 8] bf16"));
 }
 
+namespace {
+// A bf16 product op(a)·op(b) + bias over exactly representable operands (drawn a, b, then the
+// bias): the operands and the bias on the GPU, the f64 reference and the naive f32 one.
+struct Bf16Product {
+  Tensor a, b, bias, ref, naive;
+};
+Bf16Product bf16_product(int64_t m, int64_t n, int64_t k, bool ta, bool tb, Generator& g) {
+  const Tensor a64 = exact(rand64(ta ? Shape{k, m} : Shape{m, k}, g), DType::bf16);
+  const Tensor b64 = exact(rand64(tb ? Shape{n, k} : Shape{k, n}, g), DType::bf16);
+  const Tensor c64 = exact(rand64({n}, g), DType::bf16);
+  return {a64.to(DType::bf16).to(kGpu), b64.to(DType::bf16).to(kGpu), c64.to(DType::bf16).to(kGpu),
+          matmul(a64, b64, {.trans_a = ta, .trans_b = tb, .bias = c64}),
+          matmul(a64.to(DType::f32), b64.to(DType::f32),
+                 {.trans_a = ta, .trans_b = tb, .bias = c64.to(DType::f32)})};
+}
+}  // namespace
+
 // The 192-column tiles (session 37) on their own, small enough for racecheck: the three
 // layouts, TMA and register stores, unsplit and split (StorePartial), 3 column tiles (odd:
 // no clusters) and 2 (clusters sharing A where A is K-major), against the CPU reference.
@@ -191,29 +208,22 @@ FFN_GPU_TEST("sm90 GEMM in 192-column tiles: layouts, stores, splits, clusters")
     for (auto [ta, tb] :
          {std::pair{false, true}, std::pair{false, false}, std::pair{true, false}}) {
       const int64_t m = d[0], n = d[1], k = d[2];
-      const std::vector<int64_t> sa = ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k};
-      const std::vector<int64_t> sb = tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
-      const Tensor a64 = exact(rand64(sa, g), DType::bf16), b64 = exact(rand64(sb, g), DType::bf16);
-      const Tensor c64 = exact(rand64({n}, g), DType::bf16);
-      const Tensor ref = matmul(a64, b64, {.trans_a = ta, .trans_b = tb, .bias = c64});
-      const Tensor naive = matmul(a64.to(DType::f32), b64.to(DType::f32),
-                                  {.trans_a = ta, .trans_b = tb, .bias = c64.to(DType::f32)});
-      const Tensor a = a64.to(DType::bf16).to(kGpu), b = b64.to(DType::bf16).to(kGpu);
+      const Bf16Product p = bf16_product(m, n, k, ta, tb, g);
       for (int splits : {1, 3})
         for (bool tma : {true, false}) {
           const cuda::Sm90GemmArgs args{.trans_a = ta,
                                         .trans_b = tb,
-                                        .bias = c64.to(DType::bf16).to(kGpu),
+                                        .bias = p.bias,
                                         .tma_store = tma,
                                         .splits = splits,
                                         .tile_n = 192};
           Tensor out = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
-          cuda::sm90_gemm(a, b, out, args);
+          cuda::sm90_gemm(p.a, p.b, out, args);
           const std::string what = std::string("sm90 gemm BN 192 ") + layout_name(ta, tb) + " m" +
                                    std::to_string(m) + " n" + std::to_string(n) + " k" +
                                    std::to_string(k) + " splits " + std::to_string(splits) +
                                    (tma ? " tma-store" : " register-store");
-          check_against_reference(out, ref, naive, DType::bf16, what,
+          check_against_reference(out, p.ref, p.naive, DType::bf16, what,
                                   {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
         }
     }
@@ -238,31 +248,23 @@ FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs
     for (bool ta : {false, true})
       for (bool tb : {false, true}) {
         const int64_t m = cs.m, n = cs.n, k = cs.k;
-        const std::vector<int64_t> sa = ta ? std::vector<int64_t>{k, m} : std::vector<int64_t>{m, k};
-        const std::vector<int64_t> sb = tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
-        if (sa[1] % 8 != 0 || sb[1] % 8 != 0) continue;  // not a TMA layout (tested above)
-        const Tensor a64 = exact(rand64(sa, g), DType::bf16), b64 = exact(rand64(sb, g), DType::bf16);
-        const Tensor c64 = exact(rand64({n}, g), DType::bf16);
-        const Tensor ref = matmul(a64, b64, {.trans_a = ta, .trans_b = tb, .bias = c64});
-        const Tensor naive = matmul(a64.to(DType::f32), b64.to(DType::f32),
-                                    {.trans_a = ta, .trans_b = tb, .bias = c64.to(DType::f32)});
-        const Tensor a = a64.to(DType::bf16).to(kGpu), b = b64.to(DType::bf16).to(kGpu);
+        // Operand rows of (ta ? m : k) and (tb ? k : n) elements: not a TMA layout unless both
+        // are multiples of 8 (tested above).
+        if ((ta ? m : k) % 8 != 0 || (tb ? k : n) % 8 != 0) continue;
+        const Bf16Product p = bf16_product(m, n, k, ta, tb, g);
         for (cuda::Sm90Schedule sched :
              {cuda::Sm90Schedule::automatic, cuda::Sm90Schedule::pingpong}) {
           if (cs.splits == 0 && sched != cuda::Sm90Schedule::automatic) continue;
-          const cuda::Sm90GemmArgs args{.trans_a = ta,
-                                        .trans_b = tb,
-                                        .bias = c64.to(DType::bf16).to(kGpu),
-                                        .schedule = sched,
-                                        .splits = cs.splits};
+          const cuda::Sm90GemmArgs args{
+              .trans_a = ta, .trans_b = tb, .bias = p.bias, .schedule = sched, .splits = cs.splits};
           Tensor out = Tensor::full({m, n}, NAN, DType::bf16, kGpu), again = out.clone();
-          cuda::sm90_gemm(a, b, out, args);
-          cuda::sm90_gemm(a, b, again, args);
+          cuda::sm90_gemm(p.a, p.b, out, args);
+          cuda::sm90_gemm(p.a, p.b, again, args);
           const std::string what = std::string("sm90 split-K ") + layout_name(ta, tb) + " m" +
                                    std::to_string(m) + " n" + std::to_string(n) + " k" +
                                    std::to_string(k) + " splits " + std::to_string(cs.splits) +
                                    (sched == cuda::Sm90Schedule::pingpong ? " ping-pong" : "");
-          check_against_reference(out, ref, naive, DType::bf16, what,
+          check_against_reference(out, p.ref, p.naive, DType::bf16, what,
                                   {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
           CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
         }
