@@ -104,6 +104,21 @@ struct Mainloop {
     else
       return smem_desc_k128(b_tile(s));
   }
+  // Note [Stage descriptors]: stage s's descriptors are stage 0's plus s·kStageStep. The
+  // start-address field (bits 0-13, in 16-byte units) holds every shared-memory address
+  // (< 256 KiB) without a carry into the next field, so the consumers build stage 0's once and
+  // add a multiple per k-block, where they rebuilt them from the address (mask, shift, flags,
+  // moves into uniform registers: ~30 of the 63 instructions a k-block and warp at gpt2's fc1,
+  // ncu source page, session 37). Measured (H100, session 38, ncu, gpt2's fc1 forward): 15.27M
+  // -> 11.37M warp instructions, 188.7k -> 189.7k cycles; the forward GEMM table and the
+  // activation kernels the same within their 2-3% noise. The instructions were not the bound.
+  static constexpr uint64_t kStageStep = kStageBytes >> 4;
+  struct Descs {
+    uint64_t a[2], b;  // stage 0's: A's 64-row halves and B
+    __device__ uint64_t at(int s, int h) const { return a[h] + kStageStep * s; }
+    __device__ uint64_t bt(int s) const { return b + kStageStep * s; }
+  };
+  __device__ Descs descs() const { return {{a_desc(0, 0), a_desc(0, 1)}, b_desc(0)}; }
   // One operand's tile for k-block kb: rows [r0, r0 + ROWS) of M or N.
   template <bool MN, int ROWS>
   __device__ static void load(uint8_t* dst, const CUtensorMap* map, uint64_t* bar, int kb, int r0) {
@@ -178,10 +193,13 @@ struct Mainloop {
     using Mma = Wgmma<BN, T>;
     static_assert(Mma::kRegs == R, "accumulator size");
     const int lane = threadIdx.x % 32;
+    // c broadcast from lane 0, so that ptxas may keep the descriptors in uniform registers.
+    const int cu = __shfl_sync(0xffffffffu, c, 0);
+    const uint64_t da0 = a_desc(0, cu), db0 = b_desc(0);
     int prev = -1;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
-      const uint64_t da = a_desc(stage, c), db = b_desc(stage);
+      const uint64_t da = da0 + kStageStep * stage, db = db0 + kStageStep * stage;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)
@@ -203,10 +221,10 @@ struct Mainloop {
   // Both 64-row halves' MMAs of stage s, interleaved a k16 step at a time (acc0: rows [0, 64),
   // acc1: [64, 128)); `first`: the tile's first k-block, whose first step overwrites them.
   template <int R>
-  __device__ __forceinline__ void mma_both(float (&acc0)[R], float (&acc1)[R], int s,
-                                           bool first) const {
+  __device__ __forceinline__ void mma_both(float (&acc0)[R], float (&acc1)[R], const Descs& d,
+                                           int s, bool first) const {
     using Mma = Wgmma<BN, T>;
-    const uint64_t da0 = a_desc(s, 0), da1 = a_desc(s, 1), db = b_desc(s);
+    const uint64_t da0 = d.at(s, 0), da1 = d.at(s, 1), db = d.bt(s);
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       const int scale = (first && kk == 0) ? 0 : 1;
@@ -223,11 +241,12 @@ struct Mainloop {
     using Mma = Wgmma<BN, T>;
     static_assert(Mma::kRegs == R, "accumulator size");
     const int lane = threadIdx.x % 32;
+    const Descs d = descs();
     int prev = -1;
     for (int kb = 0; kb < k_blocks; ++kb) {
       mbar_wait(&full[stage], phase);
       wgmma_fence();
-      mma_both(acc0, acc1, stage, kb == 0);
+      mma_both(acc0, acc1, d, stage, kb == 0);
       wgmma_commit();
       if (prev >= 0) {
         wgmma_wait<1>();
@@ -277,9 +296,10 @@ struct Mainloop {
     using Mma = Wgmma<BN, T>;
     static_assert(Mma::kRegs == R, "accumulator size");
     const int lane = threadIdx.x % 32;
+    const Descs d = descs();
     // One 64-row half's MMAs of stage s (first: its k-block 0, which overwrites acc).
     const auto half = [&](float (&acc)[R], int h, int s, bool first) {
-      const uint64_t da = a_desc(s, h), db = b_desc(s);
+      const uint64_t da = d.at(s, h), db = d.bt(s);
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk)
         Mma::template mma<A_MN, B_MN>(acc, da + kStepA * kk, db + kStepB * kk,
@@ -309,7 +329,7 @@ struct Mainloop {
         for (int kb = 1; kb + 1 < kbs; ++kb) {  // the middle k-blocks: a group each
           mbar_wait(&full[stage], phase);
           wgmma_fence();
-          mma_both(acc0, acc1, stage, false);
+          mma_both(acc0, acc1, d, stage, false);
           wgmma_commit();
           wgmma_wait<1>();
           if (lane == 0) release(held);
