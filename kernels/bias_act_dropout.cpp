@@ -68,13 +68,21 @@ namespace {
 constexpr int64_t kActMinK = 768;
 constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 // With the hidden dropout the activation warpgroups also draw the mask (one Philox block per
-// thread's 8 elements), and where they were already the bound the fused kernel loses.
-// Measured on an H100 (session 15, calls 2 and 3, p = 0.1, fused against GEMM + kernel, ms):
-// forward gpt2 (K = 768) 0.269 vs 0.266 and 0.262 vs 0.259, ffn_d1024 (K = 1024) 0.300 vs
-// 0.340 and 0.299 vs 0.347, ffn_d4096 (K = 4096) 1.81 vs 2.06 and 1.81 vs 1.95; backward with
-// db gpt2 0.369 vs 0.332 and 0.358 vs 0.333, ffn_d1024 0.420 vs 0.447 and 0.427 vs 0.441,
-// ffn_d4096 2.10 vs 2.20 and 2.19 vs 2.14 (a tie). So with dropout they run from K = 1024.
-constexpr int64_t kActDropoutMinK = 1024;
+// thread's 8 elements). Session 15 (H100, p = 0.1, fused against GEMM + kernel) had the fused
+// kernel lose at K = 768 and run from K = 1024. Measured again after the kernels' later
+// changes (H100, session 38, ffn-bench --act-epilogues, two rounds, ms, fused against GEMM +
+// kernel): gpt2's fc1 (K = 768, gelu_erf) forward 0.199, 0.202 against 0.217, 0.218, backward
+// with db 0.262, 0.264 against 0.297, 0.303; ffn_d1024's (K = 1024) forward 0.311, 0.312
+// against 0.331, 0.329, backward 0.409, 0.409 against 0.422, 0.426; ffn_d4096's (K = 4096)
+// forward 1.948, 1.938 against 1.860, 1.864, backward 2.079, 2.061 against 2.040, 2.042. So
+// with dropout they run from K = 768 as without. At K = 4096 the forward measured faster as
+// GEMM + kernel there, but the whole ffn_d4096 step with that forward did not (same call,
+// alternated twice: 10.57, 10.46 ms against 10.47, 10.41 with the fused one), so it stays
+// fused. Moving the draws onto the producer's idle warps did not help (bench/RESULTS.md,
+// session 38).
+bool act_fused_here(const Tensor& a) {
+  return a.size(1) >= kActMinK;
+}
 }  // namespace
 
 bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
@@ -89,7 +97,7 @@ bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
   detail::check_like(z, x, {x.size(0), w.size(0)}, op, "z");
   detail::check_like(hd, x, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
-  if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < (d.active() ? kActDropoutMinK : kActMinK) ||
+  if (!x.is_cuda() || !gemm_epilogues() || !act_fused_here(x) ||
       !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !detail::dense16(hd) ||
       (b.defined() && !detail::dense16(b)))
     return false;
@@ -111,8 +119,7 @@ bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
   detail::check_like(hd, dy, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, dy, {w.size(1)}, op, "b");
   if (db) detail::check_like(*db, dy, {w.size(1)}, op, "db");
-  if (!dy.is_cuda() || !gemm_epilogues() ||
-      dy.size(1) < (d.active() ? kActDropoutMinK : kActMinK) ||
+  if (!dy.is_cuda() || !gemm_epilogues() || !act_fused_here(dy) ||
       !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !detail::dense16(z) ||
       !detail::dense16(hd) || (b.defined() && !detail::dense16(b)))
     return false;

@@ -32,8 +32,8 @@ void bias_act_dropout_backward(const Tensor& dhd, const Tensor& z, const Tensor&
 //                        hd = dropout(act(z + b))
 // with the arithmetic and the mask of gemm followed by bias_act_dropout(_backward). They
 // return false and compute nothing where the fused kernels do not run or were measured
-// slower (the CPU, f32, non-Hopper GPUs, shapes they do not take, K below 768, or below 1024
-// with dropout): the caller then runs gemm and the kernels above.
+// slower (the CPU, f32, non-Hopper GPUs, shapes they do not take, K below 768): the caller
+// then runs gemm and the kernels above.
 bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
                 const DropoutSpec& d, Tensor& z, Tensor& hd);
 // db (optional): Σ_rows dz (deterministic), from the same kernel (the activation

@@ -434,7 +434,7 @@ FFN_GPU_TEST("a run with its step in a CUDA graph computes what one without does
              "with and without dropout and gradient accumulation, and resumes bit-exact; fp16 "
              "runs go without") {
   const fs::path root = temp_dir("cuda-graph");
-  // d_model 1024: fc1's activation and dropout run in the GEMMs' epilogues (kActDropoutMinK),
+  // d_model 1024: fc1's activation and dropout run in the GEMMs' epilogues (act_fused_here),
   // head 64 on the Hopper attention; small enough for seconds.
   auto cfg = [](const std::string& dir, const std::vector<std::string>& more) {
     std::vector<std::string> sets = {"runtime.device=cuda", "model.d_model=1024",
