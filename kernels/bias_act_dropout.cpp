@@ -76,7 +76,7 @@ constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 // against 0.331, 0.329, backward 0.409, 0.409 against 0.422, 0.426; ffn_d4096's (K = 4096)
 // forward 1.948, 1.938 against 1.860, 1.864, backward 2.079, 2.061 against 2.040, 2.042. So
 // with dropout they run from K = 768 as without. At K = 4096 the forward measured faster as
-// GEMM + kernel there, but the whole ffn_d4096 step with that forward did not (same call,
+// GEMM + kernel, but the whole ffn_d4096 step with that forward did not (session 38, call 2,
 // alternated twice: 10.57, 10.46 ms against 10.47, 10.41 with the fused one), so it stays
 // fused. Moving the draws onto the producer's idle warps did not help (bench/RESULTS.md,
 // session 38).
