@@ -147,8 +147,15 @@ bool gemm_multicast() {
   return env_switch(g_multicast, "FFN_GEMM_MULTICAST");
 }
 
+namespace {
+// Note [Tile groups]: 0 (by shape) or a power of two up to 4096 tile rows.
+bool group_rows_valid(long rows) {
+  return rows >= 0 && rows <= 4096 && (rows & (rows - 1)) == 0;
+}
+}  // namespace
+
 void set_gemm_group_rows(int rows) {
-  FFN_CHECK(rows >= 0 && rows <= 4096 && (rows & (rows - 1)) == 0,
+  FFN_CHECK(group_rows_valid(rows),
             "[gemm] group rows must be 0 (by shape) or a power of two up to 4096, got ", rows);
   g_group_rows = rows;
 }
@@ -161,7 +168,7 @@ int gemm_group_rows() {
     if (e && *e) {
       char* end = nullptr;
       const long v = std::strtol(e, &end, 10);
-      FFN_CHECK(*end == '\0' && v >= 0 && v <= 4096 && (v & (v - 1)) == 0,
+      FFN_CHECK(*end == '\0' && group_rows_valid(v),
                 "[gemm] FFN_GEMM_GROUP_ROWS must be 0 (by shape) or a power of two up to 4096 "
                 "(tile rows), got \"",
                 e, "\"");
