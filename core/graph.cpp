@@ -77,8 +77,10 @@ void StepGraph::capture(Device dev, const std::function<void()>& body) {
   if (nodes_ > 0) FFN_CHECK_CUDA(cudaGraphGetNodes(g, nodes.data(), &nodes_));
   size_t kernels = 0, copies = 0, memsets = 0;
   for (cudaGraphNode_t n : nodes) {
-    cudaGraphNodeType t;
-    FFN_CHECK_CUDA(cudaGraphNodeGetType(n, &t));
+    // Nodes the runtime has no type for (NCCL's copy-engine collectives record the driver's
+    // stream memory operations: Note [Copy-engine gradient reduction]) count as other nodes.
+    cudaGraphNodeType t = cudaGraphNodeTypeEmpty;
+    if (cudaGraphNodeGetType(n, &t) != cudaSuccess) cudaGetLastError();
     kernels += t == cudaGraphNodeTypeKernel;
     copies += t == cudaGraphNodeTypeMemcpy;
     memsets += t == cudaGraphNodeTypeMemset;

@@ -44,6 +44,7 @@ std::shared_ptr<Storage> allocate_storage(size_t nbytes, Device device) {
 }
 
 Storage::~Storage() {
+  if (borrowed_) return;
   if (device_.is_cpu()) {
     std::free(data_);
     std::lock_guard<std::mutex> lock(g_cpu_mu);

@@ -14,8 +14,8 @@ namespace ffn {
 
 class Storage {
  public:
-  Storage(void* data, size_t nbytes, Device device)
-      : data_(data), nbytes_(nbytes), device_(device) {}
+  Storage(void* data, size_t nbytes, Device device, bool borrowed = false)
+      : data_(data), nbytes_(nbytes), device_(device), borrowed_(borrowed) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -28,6 +28,7 @@ class Storage {
   void* data_;
   size_t nbytes_;
   Device device_;
+  bool borrowed_;  // memory someone else owns and frees (Tensor::borrow): never released here
 };
 
 // Allocates `nbytes` on `device` (uninitialized). Throws ffn::Error naming the size on failure.

@@ -48,6 +48,18 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
+Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, Device device) {
+  FFN_CHECK(data != nullptr, "[tensor] borrow: null data for shape ", shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(
+      data, static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device, true);
+  return t;
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   return full(shape, 0.0, dtype, device);
 }

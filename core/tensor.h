@@ -43,6 +43,9 @@ class Tensor {
                         DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                             DType dtype = DType::f32, Device device = Device::cpu());
+  // A contiguous tensor over memory fused-ffn did not allocate and never frees (an NCCL
+  // window: train/dist/comm.cpp); its owner keeps it alive while any view of it is used.
+  static Tensor borrow(void* data, const Shape& shape, DType dtype, Device device);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

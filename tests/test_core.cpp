@@ -164,6 +164,25 @@ TEST_CASE("tensor shapes, strides, views and copies") {
   CHECK(shape_numel({65536, 65536}) == (int64_t{1} << 32));
 }
 
+// Tensor::borrow: a view of memory the caller owns; writes land there and dropping the
+// tensor frees nothing (the caller's vector is read afterwards).
+TEST_CASE("tensor borrow: views the caller's memory and never frees it") {
+  std::vector<float> mem(12, 0.0f);
+  {
+    Tensor t = Tensor::borrow(mem.data(), {3, 4}, DType::f32, Device::cpu());
+    CHECK(t.is_contiguous());
+    CHECK(t.data_ptr() == mem.data());
+    Tensor row = t.narrow(0, 1, 1);
+    row.fill_(2.5);
+  }
+  CHECK(mem[3] == 0.0f);
+  CHECK(mem[4] == 2.5f);
+  CHECK(mem[7] == 2.5f);
+  CHECK(mem[8] == 0.0f);
+  CHECK_THROWS_WITH_AS(Tensor::borrow(nullptr, {2}, DType::f32, Device::cpu()),
+                       doctest::Contains("[tensor] borrow: null data for shape [2]"), Error);
+}
+
 TEST_CASE("tensor errors name the op and the values") {
   Tensor t = Tensor::zeros({3, 4});
   CHECK_THROWS_WITH_AS(t.reshape({5, 2}), doctest::Contains("[reshape] cannot reshape [3, 4]"),
