@@ -8,6 +8,7 @@
 #include "kernels/attention.h"
 #include "kernels/bias_act_dropout.h"
 #include "kernels/bias_glu_dropout.h"
+#include "kernels/bucket.h"
 #include "kernels/causal_softmax.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/attention_sm90.h"
@@ -209,6 +210,14 @@ void mse_loss_backward(const Tensor&, const Tensor&, const Tensor&, Tensor&) {
 
 void sgd_step(Tensor&, const Tensor&, Tensor*, const SgdHyper&, bool) {
   no_cuda("sgd");
+}
+
+void bucket_pack(const std::vector<Tensor>&, const std::vector<int64_t>&, Tensor&, void*) {
+  no_cuda("bucket_pack");
+}
+void bucket_mean(const Tensor&, int64_t, const std::vector<int64_t>&, std::vector<Tensor>&, bool,
+                 void*, int) {
+  no_cuda("bucket_mean");
 }
 
 }  // namespace ffn::cuda
