@@ -9,9 +9,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -202,6 +203,146 @@ TEST_CASE("GradSync: in-place buckets give the flat buckets' gradients") {
   for (int64_t n : sizes[0]) a += n;
   for (int64_t n : sizes[1]) b += n;
   CHECK(a == b);
+}
+
+namespace {
+// The copy-engine path on the CPU (Note [Copy-engine gradient reduction]): a thread-group
+// rank whose _beside collectives go through gather_slots, with the group's all-gather standing
+// in for NCCL's, and take their means in finish_beside (with `slots` false it reserves
+// nothing, so GradSync uses the plain collectives); counts the buckets that took the slots.
+class SlotComm final : public Comm {
+ public:
+  SlotComm(std::unique_ptr<Comm> inner, bool slots) : in_(std::move(inner)), slots_(slots) {}
+  int rank() const override { return in_->rank(); }
+  int world() const override { return in_->world(); }
+  void all_reduce(Tensor& b, bool avg, const std::string& w) override {
+    in_->all_reduce(b, avg, w);
+  }
+  void reduce_scatter(Tensor& b, bool avg, const std::string& w) override {
+    in_->reduce_scatter(b, avg, w);
+  }
+  void all_gather(Tensor& b, const std::string& w) override { in_->all_gather(b, w); }
+  void broadcast(Tensor& b, int root, const std::string& w) override { in_->broadcast(b, root, w); }
+  void wait() override {}
+  bool reserve_beside(const std::vector<std::pair<int64_t, int64_t>>& buckets) override {
+    for (const auto& [bytes, parts] : buckets) reserved_.push_back(bytes + parts * 256);
+    return slots_;
+  }
+  void all_reduce_beside(std::vector<Tensor>& bufs, bool avg, const std::string& w) override {
+    gather(bufs, avg, w, false);
+  }
+  void reduce_scatter_beside(Tensor& buf, bool avg, const std::string& w) override {
+    gather({buf}, avg, w, true);
+  }
+  void finish_beside() override {
+    for (SlotBucket& b : means_) mean_slots(b, rank(), world());
+    means_.clear();
+  }
+  int beside = 0;
+
+ private:
+  void gather(const std::vector<Tensor>& bufs, bool avg, const std::string& w, bool chunk) {
+    REQUIRE(static_cast<size_t>(beside) < reserved_.size());
+    const DType dt = bufs.at(0).dtype();
+    const int64_t slot = reserved_[beside] / static_cast<int64_t>(dtype_size(dt)) + 1;
+    // NaN-filled: a slot element the means should not read would show in the gradients.
+    Tensor slots = Tensor::full({slot * world()}, std::nan(""), dt);
+    SlotBucket b;
+    CHECK(gather_slots(
+        bufs, avg, chunk, slots, rank(), world(), [&](Tensor&) { in_->all_gather(slots, w); },
+        nullptr, b));
+    means_.push_back(std::move(b));
+    ++beside;
+  }
+  std::unique_ptr<Comm> in_;
+  bool slots_;
+  std::vector<int64_t> reserved_;
+  std::vector<SlotBucket> means_;
+};
+}  // namespace
+
+// All buckets but the last take the copy-engine path, and its gradients are the all-reduce's:
+// bit for bit on 2 ranks (f64: both sum the ranks in order; halving is exact), within one
+// rounding on 3 (the thread group multiplies by 1/3, bucket_mean divides by 3).
+TEST_CASE(
+    "GradSync: buckets through slots (the copy-engine path) give the all-reduce's gradients") {
+  for (int world : {2, 3}) {
+    const Tensor x = ids(2 * world, 8, 0), y = ids(2 * world, 8, 1);
+    std::vector<std::vector<Tensor>> grads[2];  // [slots][rank]
+    int beside[2] = {0, 0}, buckets = 0;
+    for (int slots = 0; slots < 2; ++slots) {
+      auto group = make_thread_group(world);
+      std::vector<std::unique_ptr<SlotComm>> comms;
+      for (int r = 0; r < world; ++r)
+        comms.push_back(std::make_unique<SlotComm>(std::move(group[r]), slots == 1));
+      grads[slots].resize(world);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+          Generator init(5);
+          GPT m(small_gpt(), std::make_shared<Generator>(1), init);
+          GradSync sync(m.named_parameters(), *comms[r], 8 * 8 * 8 * 3);
+          CHECK(sync.copy_engine() == (slots == 1));
+          const Tensor xr = x.narrow(0, 2 * r, 2).contiguous();
+          const Tensor yr = y.narrow(0, 2 * r, 2).contiguous();
+          m.loss(xr, yr).backward(Tensor::full({}, 1.0, DType::f64), sync.hook());
+          sync.finish();
+          if (r == 0) buckets = static_cast<int>(sync.buckets());
+          for (const Var& p : m.parameters()) grads[slots][r].push_back(p.grad().clone());
+        });
+      for (auto& t : threads) t.join();
+      beside[slots] = comms[0]->beside;
+    }
+    CHECK(beside[0] == 0);
+    CHECK(buckets >= 3);
+    CHECK(beside[1] == buckets - 1);  // the last bucket: the all-reduce
+    CHECK(grads[0][0].size() == grads[1][0].size());
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < grads[0][r].size(); ++i)
+        ffn::test::check_close(grads[1][r][i], grads[0][r][i], 0, world == 2 ? 0.0 : 1e-15,
+                               "world " + std::to_string(world) + " rank " + std::to_string(r) +
+                                   " grad " + std::to_string(i));
+  }
+}
+
+// ZeRO-1's reduce-scatter through the slots: each rank's chunk of every bucket but the last
+// as the reduce-scatter leaves it (2 ranks: bit for bit; 3: within one rounding).
+TEST_CASE("GradSync (ZeRO-1): chunks through slots equal the reduce-scatter's") {
+  for (int world : {2, 3}) {
+    const Tensor x = ids(2 * world, 8, 0), y = ids(2 * world, 8, 1);
+    std::vector<std::vector<Tensor>> chunks[2];  // [slots][rank], one per bucket
+    int beside = 0;
+    for (int slots = 0; slots < 2; ++slots) {
+      auto group = make_thread_group(world);
+      std::vector<std::unique_ptr<SlotComm>> comms;
+      for (int r = 0; r < world; ++r)
+        comms.push_back(std::make_unique<SlotComm>(std::move(group[r]), slots == 1));
+      chunks[slots].resize(world);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r)
+        threads.emplace_back([&, r] {
+          Generator init(5);
+          GPT m(small_gpt(), std::make_shared<Generator>(1), init);
+          GradSync sync(m.named_parameters(), *comms[r], 8 * 8 * 8 * 3, /*shard=*/true);
+          const Tensor xr = x.narrow(0, 2 * r, 2).contiguous();
+          const Tensor yr = y.narrow(0, 2 * r, 2).contiguous();
+          m.loss(xr, yr).backward(Tensor::full({}, 1.0, DType::f64), sync.hook());
+          sync.finish();
+          for (size_t b = 0; b < sync.buckets(); ++b) {
+            const int64_t n = sync.flat(b).numel() / world;
+            chunks[slots][r].push_back(sync.flat(b).narrow(0, r * n, n).clone());
+          }
+        });
+      for (auto& t : threads) t.join();
+      if (slots) beside = comms[0]->beside;
+    }
+    CHECK(beside == static_cast<int>(chunks[1][0].size()) - 1);
+    for (int r = 0; r < world; ++r)
+      for (size_t b = 0; b < chunks[0][r].size(); ++b)
+        ffn::test::check_close(chunks[1][r][b], chunks[0][r][b], 0, world == 2 ? 0.0 : 1e-15,
+                               "world " + std::to_string(world) + " rank " + std::to_string(r) +
+                                   " bucket " + std::to_string(b));
+  }
 }
 
 TEST_CASE("2-rank data-parallel training (CPU, in-process group) tracks the 1-process run") {

@@ -488,10 +488,12 @@ void Trainer::summarize(const TrainResult& res) const {
   const State& s = *s_;
   if (!s.progress->shown()) return;
   if (s.world > 1) {
-    char buf[160];
+    char buf[240];
     std::snprintf(buf, sizeof(buf),
                   "data parallel: %d processes, %.0f%% of gradient buckets reduced while backward "
-                  "was still running", s.world, 100 * res.overlap_share);
+                  "was still running%s",
+                  s.world, 100 * res.overlap_share,
+                  s.sync && s.sync->copy_engine() ? " (all but the last on the copy engines)" : "");
     std::printf("%s\n", buf);
   }
   const double secs =

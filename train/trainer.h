@@ -36,6 +36,10 @@ struct TrainOptions {
   // Tests pass an in-process communicator instead (then any device, CPU included).
   Comm* comm = nullptr;
   int64_t bucket_mb = 25;       // gradient bucket size for the overlapped all-reduce
+  // How the buckets are reduced during backward (Note [Copy-engine gradient reduction],
+  // train/dist/comm.h): "nccl" (NCCL's all-reduce / reduce-scatter) or "copy-engine" (NCCL
+  // >= 2.28's all-gather on the copy engines, the means after backward).
+  std::string grad_reduce = "nccl";
   double comm_timeout_s = 300;  // a collective not done after this long aborts the run
   // --profile-comm: time every step's collectives and print where a data-parallel step's
   // time goes (Note [Communication profile]); also a "comm_profile" line in metrics.jsonl.

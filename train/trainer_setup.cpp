@@ -211,8 +211,12 @@ void Trainer::connect() {
 #if FFN_WITH_NCCL
   const std::string id = rendezvous(s.denv, s.lead ? nccl_unique_id() : std::string(),
                                     s.opt.rendezvous_timeout_s);
-  s.owned_comm =
-      make_nccl_comm(s.rank, s.world, s.dev.index, id, NcclOptions{s.opt.comm_timeout_s});
+  // Note [Copy-engine gradient reduction]
+  const bool copy_engine = s.opt.grad_reduce == "copy-engine";
+  FFN_CHECK(!copy_engine || nccl_has_copy_engine(),
+            "[ddp] --grad-reduce copy-engine needs NCCL >= 2.28 (this process has an older one)");
+  s.owned_comm = make_nccl_comm(s.rank, s.world, s.dev.index, id,
+                                NcclOptions{s.opt.comm_timeout_s, copy_engine});
   s.comm = s.owned_comm.get();
 #else
   config_error("runtime.nproc: this build has no NCCL, so it cannot run several processes");

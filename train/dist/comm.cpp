@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "kernels/bucket.h"
+
 #if FFN_WITH_NCCL
 #define FFN_NCCL_CHECKS 1
 #include <cuda_runtime.h>
@@ -144,12 +146,60 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root, Device
   return out;
 }
 
+namespace {
+constexpr int64_t kPartAlign = 256;  // the mean kernel's 16-byte groups line up in every part
+int64_t round_up(int64_t x, int64_t a) {
+  return (x + a - 1) / a * a;
+}
+}  // namespace
+
+int64_t slot_bytes(const std::vector<int64_t>& nbytes) {
+  int64_t at = 0;
+  for (int64_t n : nbytes) at = round_up(at + n, kPartAlign);
+  return at;
+}
+
+bool gather_slots(const std::vector<Tensor>& bufs, bool average, bool chunk, const Tensor& slots,
+                  int rank, int world, const std::function<void(Tensor& mine)>& gather,
+                  void* stream, SlotBucket& out) {
+  FFN_CHECK(!bufs.empty(), "[comm] gather_slots: no tensors");
+  FFN_CHECK(!chunk || (bufs.size() == 1 && bufs[0].numel() % world == 0),
+            "[comm] gather_slots: a chunked bucket is one buffer of ", world, " equal chunks");
+  const int64_t es = static_cast<int64_t>(dtype_size(slots.dtype()));
+  const int64_t slot = slots.numel() / world;
+  std::vector<int64_t> offsets;
+  int64_t at = 0;
+  for (const Tensor& b : bufs) {
+    offsets.push_back(at / es);
+    at = round_up(at + static_cast<int64_t>(b.nbytes()), kPartAlign);
+  }
+  if (at > slot * es) return false;
+  Tensor mine = slots.narrow(0, rank * slot, slot);
+  bucket_pack(bufs, offsets, mine, stream);
+  gather(mine);
+  out = SlotBucket{bufs, offsets, slots, average, chunk};
+  return true;
+}
+
+void mean_slots(SlotBucket& b, int rank, int world, void* stream, int ctas) {
+  if (!b.chunk) return bucket_mean(b.slots, world, b.offsets, b.bufs, b.average, stream, ctas);
+  const int64_t n = b.bufs[0].numel() / world;
+  std::vector<Tensor> mine = {b.bufs[0].narrow(0, rank * n, n)};
+  bucket_mean(b.slots, world, {b.offsets[0] + rank * n}, mine, b.average, stream, ctas);
+}
+
 std::vector<int64_t> recorded_sizes(const Comm& c) {
   const auto* t = dynamic_cast<const ThreadComm*>(&c);
   return t ? t->sizes() : std::vector<int64_t>{};
 }
 
 #if FFN_WITH_NCCL
+
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+#define FFN_NCCL_CE 1  // ncclMemAlloc, symmetric windows, NCCL_CTA_POLICY_ZERO
+#else
+#define FFN_NCCL_CE 0
+#endif
 
 namespace {
 
@@ -181,7 +231,17 @@ class NcclComm final : public Comm {
     ncclUniqueId uid;
     FFN_CHECK(id.size() == sizeof(uid.internal), "[nccl] bad unique id size ", id.size());
     std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
+#if FFN_NCCL_CE
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (opt.copy_engine) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;  // Note [Copy-engine ...]
+    FFN_CHECK_NCCL(ncclCommInitRankConfig(&comm_, world, uid, rank, &config));
+#else
+    FFN_CHECK(!opt.copy_engine,
+              "[nccl] the copy-engine gradient reduction needs NCCL >= 2.28; "
+              "this build has ",
+              NCCL_MAJOR, ".", NCCL_MINOR);
     FFN_CHECK_NCCL(ncclCommInitRank(&comm_, world, uid, rank));
+#endif
     // The highest priority the device offers: a collective's kernels get SMs as soon as
     // they free up, ahead of the backward kernels queued beside them.
     int least = 0, greatest = 0;
@@ -202,6 +262,14 @@ class NcclComm final : public Comm {
   ~NcclComm() override {
     if (!aborted_) {  // after an abort: no CUDA call that could wait for a stuck kernel
       cudaStreamSynchronize(stream_);
+#if FFN_NCCL_CE
+      if (window_) {
+        means_.clear();
+        ncclCommWindowDeregister(comm_, window_);
+        ncclMemFree(window_base_);
+        cudaEventDestroy(gathered_);
+      }
+#endif
       ncclCommDestroy(comm_);
       for (const Pending& p : pending_) cudaEventDestroy(p.done);
       for (const Timed& t : timed_) destroy(t);
@@ -225,14 +293,46 @@ class NcclComm final : public Comm {
       FFN_CHECK(b.is_contiguous(), "[nccl] ", what, ": ", b.desc(), " is not contiguous");
       bytes += static_cast<int64_t>(b.nbytes());
     }
-    enqueue(what, bytes, [&] {
-      FFN_CHECK_NCCL(ncclGroupStart());
-      for (Tensor& b : bufs)
-        FFN_CHECK_NCCL(ncclAllReduce(b.data_ptr(), b.data_ptr(), static_cast<size_t>(b.numel()),
-                                     nccl_type(b.dtype()), average ? ncclAvg : ncclSum, comm_,
-                                     stream_));
-      FFN_CHECK_NCCL(ncclGroupEnd());
-    });
+    enqueue(what, bytes, [&] { all_reduce_group(bufs, average); });
+  }
+  // Note [Copy-engine gradient reduction].
+  bool reserve_beside(const std::vector<std::pair<int64_t, int64_t>>& buckets) override {
+#if FFN_NCCL_CE
+    if (!opt_.copy_engine || window_ || buckets.empty()) return window_ != nullptr;
+    cuda::DeviceGuard guard(device_);
+    size_t total = 0;
+    for (const auto& [bytes, parts] : buckets) {
+      const int64_t slot = slot_bytes({bytes}) + parts * kPartAlign;  // each part's padding
+      regions_.push_back({total, slot});
+      total += static_cast<size_t>(slot) * static_cast<size_t>(world_);
+    }
+    FFN_CHECK_NCCL(ncclMemAlloc(&window_base_, total));
+    FFN_CHECK_NCCL(
+        ncclCommWindowRegister(comm_, window_base_, total, &window_, NCCL_WIN_COLL_SYMMETRIC));
+    FFN_CHECK_CUDA(cudaEventCreateWithFlags(&gathered_, cudaEventDisableTiming));
+    return true;
+#else
+    (void)buckets;
+    return false;
+#endif
+  }
+  void all_reduce_beside(std::vector<Tensor>& bufs, bool average,
+                         const std::string& what) override {
+    if (!gather_beside(bufs, average, what, false)) all_reduce_many(bufs, average, what);
+  }
+  void reduce_scatter_beside(Tensor& buf, bool average, const std::string& what) override {
+    chunk(buf, what);
+    if (!gather_beside({buf}, average, what, true)) reduce_scatter(buf, average, what);
+  }
+  void finish_beside() override {
+#if FFN_NCCL_CE
+    used_ = 0;
+    if (means_.empty()) return;
+    cuda::DeviceGuard guard(device_);
+    FFN_CHECK_CUDA(cudaStreamWaitEvent(cuda::stream(device_), gathered_, 0));
+    for (SlotBucket& b : means_) mean_slots(b, rank_, world_);  // compute stream, whole GPU
+    means_.clear();
+#endif
   }
   void reduce_scatter(Tensor& buf, bool average, const std::string& what) override {
     const size_t n = chunk(buf, what);
@@ -388,6 +488,56 @@ class NcclComm final : public Comm {
     int64_t bytes;
     cudaEvent_t ready, start, end;  // start/end: null for a compute-stream point
   };
+  // Note [Copy-engine gradient reduction]: bufs packed and all-gathered through the next
+  // region of the window (chunk: only this rank's chunk of the one buffer will get its mean),
+  // their mean left for finish_beside(); false where there is no window, no region left or
+  // bufs do not fit in the region (then nothing was enqueued).
+  bool gather_beside(const std::vector<Tensor>& bufs, bool average, const std::string& what,
+                     bool chunk) {
+#if FFN_NCCL_CE
+    if (!window_ || used_ >= regions_.size()) return false;
+    const DType dt = bufs.at(0).dtype();
+    const int64_t es = static_cast<int64_t>(dtype_size(dt));
+    int64_t bytes = 0;
+    std::vector<int64_t> sizes;
+    for (const Tensor& b : bufs) {
+      FFN_CHECK(b.is_contiguous(), "[nccl] ", what, ": ", b.desc(), " is not contiguous");
+      bytes += static_cast<int64_t>(b.nbytes());
+      sizes.push_back(static_cast<int64_t>(b.nbytes()));
+    }
+    const Region& reg = regions_[used_];
+    if (slot_bytes(sizes) > reg.slot_bytes || reg.slot_bytes % es != 0) return false;
+    ++used_;
+    char* base = static_cast<char*>(window_base_) + reg.offset;
+    const int64_t slot = reg.slot_bytes / es;
+    const Tensor slots = Tensor::borrow(base, {slot * world_}, dt, Device::cuda(device_));
+    SlotBucket bucket;
+    enqueue(what, bytes, [&] {
+      gather_slots(
+          bufs, average, chunk, slots, rank_, world_,
+          [&](Tensor& mine) {  // in place: NCCL's copy-engine all-gather
+            FFN_CHECK_NCCL(ncclAllGather(mine.data_ptr(), base, static_cast<size_t>(slot),
+                                         nccl_type(dt), comm_, stream_));
+          },
+          stream_, bucket);
+      FFN_CHECK_CUDA(cudaEventRecord(gathered_, stream_));
+    });
+    means_.push_back(std::move(bucket));
+    return true;
+#else
+    (void)bufs, (void)average, (void)what, (void)chunk;
+    return false;
+#endif
+  }
+  // One grouped launch of in-place all-reduces (Note [In-place gradient buckets]).
+  void all_reduce_group(std::vector<Tensor>& bufs, bool average) {
+    FFN_CHECK_NCCL(ncclGroupStart());
+    for (Tensor& b : bufs)
+      FFN_CHECK_NCCL(ncclAllReduce(b.data_ptr(), b.data_ptr(), static_cast<size_t>(b.numel()),
+                                   nccl_type(b.dtype()), average ? ncclAvg : ncclSum, comm_,
+                                   stream_));
+    FFN_CHECK_NCCL(ncclGroupEnd());
+  }
   size_t chunk(const Tensor& buf, const std::string& what) const {
     FFN_CHECK(buf.dim() == 1 && buf.numel() % world_ == 0, "[nccl] ", what, ": ", buf.desc(),
               " does not split into ", world_, " equal chunks");
@@ -459,6 +609,21 @@ class NcclComm final : public Comm {
   cudaEvent_t origin_ = nullptr;
   std::deque<Timed> timed_;  // profiled records not yet collected (oldest first)
   std::unique_ptr<Watchdog> watchdog_;  // Note [Collective watchdog]
+#if FFN_NCCL_CE
+  // Note [Copy-engine gradient reduction]: the window holds one region per reserved bucket,
+  // world slots each; used_ regions have been gathered into this step, their means queued by
+  // finish_beside(), which waits for gathered_ (recorded after each all-gather).
+  struct Region {
+    size_t offset;       // bytes from window_base_
+    int64_t slot_bytes;  // one slot
+  };
+  void* window_base_ = nullptr;
+  ncclWindow_t window_ = nullptr;
+  std::vector<Region> regions_;
+  size_t used_ = 0;
+  std::vector<SlotBucket> means_;
+  cudaEvent_t gathered_ = nullptr;
+#endif
 };
 
 }  // namespace
@@ -466,6 +631,15 @@ class NcclComm final : public Comm {
 std::unique_ptr<Comm> make_nccl_comm(int rank, int world, int device, const std::string& id,
                                      const NcclOptions& opt) {
   return std::make_unique<NcclComm>(rank, world, device, id, opt);
+}
+
+bool nccl_has_copy_engine() {
+#if FFN_NCCL_CE
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(2, 28, 0);
+#else
+  return false;
+#endif
 }
 
 std::string nccl_unique_id() {

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,61 @@ class Comm {
   virtual void all_reduce_many(std::vector<Tensor>& bufs, bool average, const std::string& what) {
     for (Tensor& b : bufs) all_reduce(b, average, what);
   }
+  // Note [Copy-engine gradient reduction]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A gradient bucket reduced while backward runs shares the GPU with backward's kernels.
+  // NCCL's all-reduce is a kernel (24 SMs on 2 H200s for a 27 MiB bf16 bucket), and a kernel
+  // beside our persistent ones (which take every SM) costs them the SMs it holds for as long
+  // as it holds them. NCCL 2.28's communicators with the zero-CTA policy run an in-place
+  // all-gather whose buffer lies in a symmetric window on the copy engines, without SMs
+  // (probe, 2 H200s: 12 of them beside a chain of cuBLAS GEMMs cost the GEMMs 0.01 ms, 12
+  // ring all-reduces 0.37 ms; bench/RESULTS.md, session 39). With --grad-reduce copy-engine a
+  // bucket beside backward (all_reduce_beside; reduce_scatter_beside for ZeRO-1) is reduced
+  // in two halves:
+  //   - on the communicator's stream, beside backward: kernels/bucket.h's bucket_pack copies
+  //     the gradients into this rank's slot of the bucket's region of the window (one
+  //     device-to-device copy per tensor: the copy engines), and the all-gather brings every
+  //     rank's slot to every rank;
+  //   - finish_beside(), once backward has been queued: the compute stream waits for those
+  //     all-gathers and bucket_mean writes the mean over the slots, in rank order, back into
+  //     the gradients (every rank computes the same bits) at the width of the whole GPU,
+  //     while the last bucket's all-reduce runs on the communicator's stream.
+  // Each bucket has its own region (world slots of its size), so no mean waits for the next
+  // bucket; the copy-engine all-gather starts only when every rank has reached it and returns
+  // only when every copy is done (NCCL's ready and complete flags), and a region is written
+  // again only by the next step's all-gather, after this step's means (stream order on every
+  // rank). reserve_beside() allocates the window (ncclMemAlloc, registered on every rank: a
+  // collective). Without it, with --grad-reduce nccl (the default), past the buckets
+  // reserved for, or on a communicator that is not NCCL's, the _beside calls are the plain
+  // collectives.
+  // Measured (2 H200s, gpt2_small, session 39): the losses and weights are NCCL's bit for
+  // bit. Taking each mean on the communicator's stream right after its all-gather, with 8 to
+  // 32 thread blocks, made the step slower than NCCL's all-reduce (x1.86-1.89 against x1.92):
+  // a kernel beside ours costs the SMs it sits on, whatever it does there. As built,
+  // alternated twice: the profiled forward+backward 28.79 -> 28.57 ms, but the communication
+  // left after backward 0.46 -> 0.76 ms (the means, beside the last all-reduce, took ~0.6 ms
+  // for ~490 MB; not traced), so tokens/s is the same within the noise (x1.886, x1.876
+  // against x1.884, x1.882; ZeRO-1 x1.861, x1.863 against x1.869, x1.863), for 325 MiB more
+  // per GPU (gpt2_small's window). Hence not the default.
+  //
+  // Reserves a region for each bucket that will go through all_reduce_beside or
+  // reduce_scatter_beside in a step, in that order: (bytes, tensors) of each. Every rank
+  // calls it at the same point. Returns whether the _beside calls take the copy-engine path.
+  virtual bool reserve_beside(const std::vector<std::pair<int64_t, int64_t>>& buckets) {
+    (void)buckets;
+    return false;
+  }
+  // all_reduce_many of a bucket whose collective runs beside compute kernels; the gradients
+  // hold the mean after finish_beside() (and wait()).
+  virtual void all_reduce_beside(std::vector<Tensor>& bufs, bool average, const std::string& what) {
+    all_reduce_many(bufs, average, what);
+  }
+  // reduce_scatter of such a bucket (ZeRO-1): the mean of chunk `rank` only.
+  virtual void reduce_scatter_beside(Tensor& buf, bool average, const std::string& what) {
+    reduce_scatter(buf, average, what);
+  }
+  // The means of every _beside collective since the last call, queued on the compute stream.
+  virtual void finish_beside() {}
   // In place over world equal chunks of buf (numel divisible by world): chunk `rank` becomes
   // the mean (or sum) over ranks of that chunk; the other chunks are left undefined.
   virtual void reduce_scatter(Tensor& buf, bool average, const std::string& what) = 0;
@@ -133,6 +189,27 @@ class Comm {
 std::string broadcast_text(Comm& comm, const std::string& text, int root, Device dev,
                            const std::string& what);
 
+// The copy-engine path's two halves (Note [Copy-engine gradient reduction]) over `slots`, a
+// contiguous 1-D tensor of world equal slots in bufs' dtype. gather_slots packs bufs into
+// slot `rank`, each at a 256-byte boundary (bucket_pack, on `stream`), and calls
+// gather(slot `rank`) to bring every rank's slot to every rank; it returns false, doing
+// nothing, when bufs do not fit in a slot. mean_slots then writes the mean (or sum) over the
+// slots into bufs (with `chunk`: bufs is one flat buffer of world equal chunks, and only
+// chunk `rank` is written), on `stream` with at most `ctas` thread blocks (0: any number).
+struct SlotBucket {
+  std::vector<Tensor> bufs;
+  std::vector<int64_t> offsets;
+  Tensor slots;
+  bool average = true;
+  bool chunk = false;
+};
+bool gather_slots(const std::vector<Tensor>& bufs, bool average, bool chunk, const Tensor& slots,
+                  int rank, int world, const std::function<void(Tensor& mine)>& gather,
+                  void* stream, SlotBucket& out);
+void mean_slots(SlotBucket& b, int rank, int world, void* stream = nullptr, int ctas = 0);
+// Bytes a slot needs for tensors of these sizes (256-byte boundaries).
+int64_t slot_bytes(const std::vector<int64_t>& nbytes);
+
 // An in-process group of `world` ranks for tests: each rank is a thread holding its own
 // Comm from make_thread_group(); collectives are synchronous and reduce on the CPU in rank
 // order (deterministic). Records the sizes of all_reduce calls per rank.
@@ -142,7 +219,12 @@ std::vector<int64_t> recorded_sizes(const Comm& c);
 #if FFN_WITH_NCCL
 struct NcclOptions {
   double timeout_s = 300;  // sync() gives up on a collective after this long
+  // Note [Copy-engine gradient reduction]: the communicator with NCCL's zero-CTA policy, so
+  // that reserve_beside() can set up the copy-engine path (needs NCCL >= 2.28).
+  bool copy_engine = false;
 };
+// Whether this build's and this process's NCCL have the copy-engine all-gather (>= 2.28).
+bool nccl_has_copy_engine();
 // Joins the NCCL communicator of `world` ranks on `device`; rank 0 made `unique_id` (128
 // bytes) and handed it to the others (train/dist/dist.h).
 std::unique_ptr<Comm> make_nccl_comm(int rank, int world, int device, const std::string& unique_id,

@@ -38,6 +38,19 @@ GradSync::GradSync(std::vector<std::pair<std::string, Var>> params, Comm& comm,
     if (shard_) off = (off + comm_.world() - 1) / comm_.world() * comm_.world();
     if (flat_) buckets_[bi].flat = Tensor::zeros({off}, first.dtype(), first.device());
   }
+  // Note [Copy-engine gradient reduction]: a window for every bucket but the last (plain:
+  // the gradients in place; ZeRO-1: the flat buffer).
+  if ((shard_ || !flat_) && buckets_.size() > 1) {
+    std::vector<std::pair<int64_t, int64_t>> beside;  // (bytes, tensors) per bucket
+    for (size_t bi = 0; bi + 1 < buckets_.size(); ++bi) {
+      int64_t b = shard_ ? static_cast<int64_t>(buckets_[bi].flat.nbytes()) : 0;
+      if (!shard_)
+        for (size_t k : buckets_[bi].params)
+          b += static_cast<int64_t>(params_[k].second.value().nbytes());
+      beside.emplace_back(b, shard_ ? 1 : static_cast<int64_t>(buckets_[bi].params.size()));
+    }
+    beside_ = comm_.reserve_beside(beside);
+  }
 }
 
 std::vector<std::vector<std::string>> GradSync::layout() const {
@@ -79,14 +92,20 @@ void GradSync::launch_ready_prefix(bool in_backward) {
     Bucket& b = buckets_[next_];
     if (b.ready < static_cast<int>(b.params.size())) return;
     const std::string what = "gradient bucket " + std::to_string(next_);
-    if (shard_) {
+    const bool beside = beside_ && next_ + 1 < buckets_.size();
+    if (shard_ && beside) {
+      comm_.reduce_scatter_beside(b.flat, /*average=*/true, what);
+    } else if (shard_) {
       comm_.reduce_scatter(b.flat, /*average=*/true, what);
     } else if (flat_) {
       comm_.all_reduce(b.flat, /*average=*/true, what);
     } else {  // the parameters' own gradients, in place, as one collective
       std::vector<Tensor> grads;
       for (size_t k : b.params) grads.push_back(params_[k].second.grad());
-      comm_.all_reduce_many(grads, /*average=*/true, what);
+      if (beside)
+        comm_.all_reduce_beside(grads, /*average=*/true, what);
+      else
+        comm_.all_reduce_many(grads, /*average=*/true, what);
     }
     b.launched = true;
     if (in_backward) ++stats_.launched_in_backward;
@@ -108,6 +127,7 @@ void GradSync::finish() {
         ++buckets_[b].ready;
       }
   launch_ready_prefix(false);
+  if (beside_) comm_.finish_beside();  // Note [Copy-engine gradient reduction]
   comm_.wait();
   if (shard_ || !flat_) return;
   for (size_t k = 0; k < params_.size(); ++k) {

@@ -38,8 +38,13 @@ namespace ffn::train {
 // stream behind the collective, so nothing reads or writes it while NCCL does. A gradient
 // that is not contiguous is replaced by a contiguous copy first. ZeRO-1 (shard) keeps the
 // flat buffers: its reduce-scatter and the shards (train/dist/zero.h) need one flat layout.
-// Measured (2 H100s, gpt2_small, session 26, one run each, bench/RESULTS-2026-11-27-s26-29.md): the step on
-// the GPU's clock 34.13 -> 33.88 ms, forward+backward 32.40 -> 32.08.
+// Measured (2 H100s, gpt2_small, session 26, one run each, bench/RESULTS-2026-11-27-s26-29.md):
+// the step on the GPU's clock 34.13 -> 33.88 ms, forward+backward 32.40 -> 32.08.
+// With a communicator that offers the copy-engine path (--grad-reduce copy-engine, Note
+// [Copy-engine gradient reduction] in train/dist/comm.h), every bucket but the last goes
+// through Comm::all_reduce_beside (ZeRO-1: reduce_scatter_beside) and finish() queues their
+// means; the last bucket is reduced after backward, with nothing beside it, by NCCL's own
+// collective, which needs no window of its size.
 
 struct SyncStats {
   int buckets = 0;
@@ -54,6 +59,9 @@ class GradSync {
   Var::LeafHook hook();
   void finish();
   const SyncStats& last() const { return stats_; }
+  // Whether the buckets before the last are reduced on the copy engines (Note [Copy-engine
+  // gradient reduction]).
+  bool copy_engine() const { return beside_; }
   // Bucket b's parameter names (tests and logs).
   std::vector<std::vector<std::string>> layout() const;
   // The flat layout: buckets, their parameters (indices into params, in flat order), the
@@ -78,6 +86,8 @@ class GradSync {
   Comm& comm_;
   bool shard_;
   bool flat_;  // gradients copied into the buckets' flat buffers (shard, or asked for)
+  bool beside_ = false;  // the comm's copy-engine path for all buckets but the last
+                         // (Note [Copy-engine gradient reduction])
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, int64_t>> where_;  // param → (bucket, offset)
   std::vector<bool> filled_;

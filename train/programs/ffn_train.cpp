@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   bool overwrite = false, quiet = false, print_config = false, profile_comm = false;
   int64_t stop_after = 0, nproc = 0, bucket_mb = 25;
+  std::string grad_reduce = "nccl";
   double comm_timeout = 300;
   app.add_option("config", config_path,
                  "TOML config file (see configs/); with --resume it may be left out, and the "
@@ -61,6 +62,10 @@ int main(int argc, char** argv) {
       ->check(ffn::train::integer_at_least(1));
   app.add_option("--bucket-mb", bucket_mb, "Gradient all-reduce bucket size in MiB (data parallel)")
       ->check(ffn::train::integer_at_least(1));
+  app.add_option("--grad-reduce", grad_reduce,
+                 "Data parallel: how gradient buckets are reduced during backward: nccl "
+                 "(default) or copy-engine (NCCL >= 2.28; Note [Copy-engine gradient reduction])")
+      ->check(CLI::IsMember({"nccl", "copy-engine"}));
   app.add_option("--comm-timeout", comm_timeout,
                  "Seconds a collective may take before the run is aborted (data parallel)")
       ->check(ffn::train::number_at_least(0.0, /*strict=*/true));
@@ -102,6 +107,7 @@ int main(int argc, char** argv) {
     opt.stop_after = stop_after;
     opt.quiet = quiet;
     opt.bucket_mb = bucket_mb;
+    opt.grad_reduce = grad_reduce;
     opt.comm_timeout_s = comm_timeout;
     opt.profile_comm = profile_comm;
     ffn::train::install_stop_handlers();
