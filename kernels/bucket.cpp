@@ -40,7 +40,7 @@ void bucket_pack(const std::vector<Tensor>& parts, const std::vector<int64_t>& o
 }
 
 void bucket_mean(const Tensor& slots, int64_t world, const std::vector<int64_t>& offsets,
-                 std::vector<Tensor>& parts, bool average, void* stream, int max_ctas) {
+                 std::vector<Tensor>& parts, bool average) {
   const char* op = "bucket_mean";
   check_defined(slots, op, "slots");
   FFN_CHECK(world >= 1, "[bucket_mean] world must be >= 1, got ", world);
@@ -50,8 +50,7 @@ void bucket_mean(const Tensor& slots, int64_t world, const std::vector<int64_t>&
   FFN_CHECK(is_float(slots.dtype()), "[bucket_mean] slots must be a float tensor, got ",
             dtype_name(slots.dtype()));
   check_parts(parts, offsets, slots, slots.numel() / world, op);
-  if (slots.is_cuda())
-    return cuda::bucket_mean(slots, world, offsets, parts, average, stream, max_ctas);
+  if (slots.is_cuda()) return cuda::bucket_mean(slots, world, offsets, parts, average);
   cpu::bucket_mean(slots, world, offsets, parts, average);
 }
 

@@ -9,10 +9,9 @@
 // is 1-D with numel world·S (rank r's copy of the bucket at r·S). The sum runs over the ranks
 // in rank order in fp32 (f64 for f64 tensors) and is rounded once after the division by
 // world, so every rank computes the same bits, and the CPU reference the same as the kernel.
-// On the GPU both run on `stream` (a cudaStream_t; null: the compute stream): the pack as one
-// device-to-device copy per part (the copy engines: no SM), the mean as one kernel per 32
-// parts with at most `max_ctas` thread blocks (0: as many as the size asks for), so that a
-// mean beside backward's kernels takes few SMs.
+// On the GPU the pack runs on `stream` (a cudaStream_t; null: the compute stream) as one
+// device-to-device copy per part (the copy engines: no SM, beside backward's kernels); the
+// mean is one kernel per 32 parts on the compute stream, at the width of the whole GPU.
 #pragma once
 
 #include <vector>
@@ -24,8 +23,7 @@ namespace ffn {
 void bucket_pack(const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
                  Tensor& flat, void* stream = nullptr);
 void bucket_mean(const Tensor& slots, int64_t world, const std::vector<int64_t>& offsets,
-                 std::vector<Tensor>& parts, bool average, void* stream = nullptr,
-                 int max_ctas = 0);
+                 std::vector<Tensor>& parts, bool average);
 
 namespace cpu {
 void bucket_pack(const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
@@ -37,7 +35,7 @@ namespace cuda {
 void bucket_pack(const std::vector<Tensor>& parts, const std::vector<int64_t>& offsets,
                  Tensor& flat, void* stream);
 void bucket_mean(const Tensor& slots, int64_t world, const std::vector<int64_t>& offsets,
-                 std::vector<Tensor>& parts, bool average, void* stream, int max_ctas);
+                 std::vector<Tensor>& parts, bool average);
 }  // namespace cuda
 
 }  // namespace ffn

@@ -215,8 +215,7 @@ void sgd_step(Tensor&, const Tensor&, Tensor*, const SgdHyper&, bool) {
 void bucket_pack(const std::vector<Tensor>&, const std::vector<int64_t>&, Tensor&, void*) {
   no_cuda("bucket_pack");
 }
-void bucket_mean(const Tensor&, int64_t, const std::vector<int64_t>&, std::vector<Tensor>&, bool,
-                 void*, int) {
+void bucket_mean(const Tensor&, int64_t, const std::vector<int64_t>&, std::vector<Tensor>&, bool) {
   no_cuda("bucket_mean");
 }
 

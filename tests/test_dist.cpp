@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -261,6 +262,35 @@ class SlotComm final : public Comm {
 };
 }  // namespace
 
+namespace {
+// One backward of small_gpt on `world` in-process ranks (rank r on rows 2r, 2r + 1 of x, y)
+// through SlotComm (the copy-engine path when `slots`), GradSync sharded when `shard`;
+// collect(r, sync, model) after finish(). Returns how many buckets rank 0 sent through the
+// slots.
+int slot_step(int world, bool slots, bool shard, const Tensor& x, const Tensor& y,
+              const std::function<void(int, const GradSync&, GPT&)>& collect) {
+  auto group = make_thread_group(world);
+  std::vector<std::unique_ptr<SlotComm>> comms;
+  for (int r = 0; r < world; ++r)
+    comms.push_back(std::make_unique<SlotComm>(std::move(group[r]), slots));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      Generator init(5);
+      GPT m(small_gpt(), std::make_shared<Generator>(1), init);
+      GradSync sync(m.named_parameters(), *comms[r], 8 * 8 * 8 * 3, shard);
+      CHECK(sync.copy_engine() == slots);
+      const Tensor xr = x.narrow(0, 2 * r, 2).contiguous();
+      const Tensor yr = y.narrow(0, 2 * r, 2).contiguous();
+      m.loss(xr, yr).backward(Tensor::full({}, 1.0, DType::f64), sync.hook());
+      sync.finish();
+      collect(r, sync, m);
+    });
+  for (auto& t : threads) t.join();
+  return comms[0]->beside;
+}
+}  // namespace
+
 // All buckets but the last take the copy-engine path, and its gradients are the all-reduce's:
 // bit for bit on 2 ranks (f64: both sum the ranks in order; halving is exact), within one
 // rounding on 3 (the thread group multiplies by 1/3, bucket_mean divides by 3).
@@ -271,27 +301,12 @@ TEST_CASE(
     std::vector<std::vector<Tensor>> grads[2];  // [slots][rank]
     int beside[2] = {0, 0}, buckets = 0;
     for (int slots = 0; slots < 2; ++slots) {
-      auto group = make_thread_group(world);
-      std::vector<std::unique_ptr<SlotComm>> comms;
-      for (int r = 0; r < world; ++r)
-        comms.push_back(std::make_unique<SlotComm>(std::move(group[r]), slots == 1));
       grads[slots].resize(world);
-      std::vector<std::thread> threads;
-      for (int r = 0; r < world; ++r)
-        threads.emplace_back([&, r] {
-          Generator init(5);
-          GPT m(small_gpt(), std::make_shared<Generator>(1), init);
-          GradSync sync(m.named_parameters(), *comms[r], 8 * 8 * 8 * 3);
-          CHECK(sync.copy_engine() == (slots == 1));
-          const Tensor xr = x.narrow(0, 2 * r, 2).contiguous();
-          const Tensor yr = y.narrow(0, 2 * r, 2).contiguous();
-          m.loss(xr, yr).backward(Tensor::full({}, 1.0, DType::f64), sync.hook());
-          sync.finish();
-          if (r == 0) buckets = static_cast<int>(sync.buckets());
-          for (const Var& p : m.parameters()) grads[slots][r].push_back(p.grad().clone());
-        });
-      for (auto& t : threads) t.join();
-      beside[slots] = comms[0]->beside;
+      beside[slots] =
+          slot_step(world, slots == 1, false, x, y, [&](int r, const GradSync& sync, GPT& m) {
+            if (r == 0) buckets = static_cast<int>(sync.buckets());
+            for (const Var& p : m.parameters()) grads[slots][r].push_back(p.grad().clone());
+          });
     }
     CHECK(beside[0] == 0);
     CHECK(buckets >= 3);
@@ -313,28 +328,15 @@ TEST_CASE("GradSync (ZeRO-1): chunks through slots equal the reduce-scatter's") 
     std::vector<std::vector<Tensor>> chunks[2];  // [slots][rank], one per bucket
     int beside = 0;
     for (int slots = 0; slots < 2; ++slots) {
-      auto group = make_thread_group(world);
-      std::vector<std::unique_ptr<SlotComm>> comms;
-      for (int r = 0; r < world; ++r)
-        comms.push_back(std::make_unique<SlotComm>(std::move(group[r]), slots == 1));
       chunks[slots].resize(world);
-      std::vector<std::thread> threads;
-      for (int r = 0; r < world; ++r)
-        threads.emplace_back([&, r] {
-          Generator init(5);
-          GPT m(small_gpt(), std::make_shared<Generator>(1), init);
-          GradSync sync(m.named_parameters(), *comms[r], 8 * 8 * 8 * 3, /*shard=*/true);
-          const Tensor xr = x.narrow(0, 2 * r, 2).contiguous();
-          const Tensor yr = y.narrow(0, 2 * r, 2).contiguous();
-          m.loss(xr, yr).backward(Tensor::full({}, 1.0, DType::f64), sync.hook());
-          sync.finish();
-          for (size_t b = 0; b < sync.buckets(); ++b) {
-            const int64_t n = sync.flat(b).numel() / world;
-            chunks[slots][r].push_back(sync.flat(b).narrow(0, r * n, n).clone());
-          }
-        });
-      for (auto& t : threads) t.join();
-      if (slots) beside = comms[0]->beside;
+      const int n_beside =
+          slot_step(world, slots == 1, true, x, y, [&](int r, const GradSync& sync, GPT&) {
+            for (size_t b = 0; b < sync.buckets(); ++b) {
+              const int64_t n = sync.flat(b).numel() / world;
+              chunks[slots][r].push_back(sync.flat(b).narrow(0, r * n, n).clone());
+            }
+          });
+      if (slots) beside = n_beside;
     }
     CHECK(beside == static_cast<int>(chunks[1][0].size()) - 1);
     for (int r = 0; r < world; ++r)

@@ -41,8 +41,7 @@ __device__ __forceinline__ int find_part(const PartTable& t, int64_t g) {
 }
 
 // Each thread takes kUnroll groups a stride apart and issues all their loads of one rank
-// before it sums them: a pass beside backward has few blocks, so each thread keeps several
-// 16-byte loads in flight.
+// before it sums them: several 16-byte loads in flight per thread.
 constexpr int kUnroll = 4;
 
 template <class T>
@@ -131,8 +130,8 @@ void for_tables(const std::vector<Tensor>& parts, const std::vector<int64_t>& of
   }
 }
 
-unsigned blocks(int64_t groups, int max_ctas) {
-  return grid_for((groups + kUnroll - 1) / kUnroll, kThreads, max_ctas > 0 ? max_ctas : 65535 * 8);
+unsigned blocks(int64_t groups) {
+  return grid_for((groups + kUnroll - 1) / kUnroll, kThreads);
 }
 
 cudaStream_t stream_or_compute(void* s, int dev) {
@@ -158,10 +157,9 @@ void bucket_pack(const std::vector<Tensor>& parts, const std::vector<int64_t>& o
 }
 
 void bucket_mean(const Tensor& slots, int64_t world, const std::vector<int64_t>& offsets,
-                 std::vector<Tensor>& parts, bool average, void* s, int max_ctas) {
+                 std::vector<Tensor>& parts, bool average) {
   const int dev = slots.device().index;
   DeviceGuard guard(dev);
-  const cudaStream_t st = stream_or_compute(s, dev);
   const int64_t slot = slots.numel() / world;
   const size_t es = dtype_size(slots.dtype());
   const bool aligned = reinterpret_cast<uintptr_t>(slots.data_ptr()) % 16 == 0 &&
@@ -169,7 +167,7 @@ void bucket_mean(const Tensor& slots, int64_t world, const std::vector<int64_t>&
   FFN_DISPATCH_ALL(slots.dtype(), "bucket_mean", [&]<class H>() {
     using T = device_t<H>;
     for_tables(parts, offsets, aligned, [&](const PartTable& t, int64_t groups) {
-      mean_kernel<T><<<blocks(groups, max_ctas), kThreads, 0, st>>>(
+      mean_kernel<T><<<blocks(groups), kThreads, 0, stream(dev)>>>(
           t, static_cast<const T*>(slots.data_ptr()), slot, static_cast<int>(world), average);
       FFN_CHECK_LAUNCH();
     });

@@ -128,8 +128,7 @@ TEST_CASE("bucket_pack / bucket_mean reject what does not fit, naming the op") {
 }
 
 // More parts than one launch's table (32), unaligned parts and offsets, 1-3 ranks; every
-// dtype; the kernels on a stream of their own with a few blocks, as the communicator runs
-// them, and with as many as they like.
+// dtype; the pack on a stream of its own, as the communicator runs it.
 FFN_GPU_TEST("bucket_pack / bucket_mean on the GPU equal the CPU bit for bit") {
   Generator g(17);
   std::vector<int64_t> sizes;
@@ -162,11 +161,7 @@ FFN_GPU_TEST("bucket_pack / bucket_mean on the GPU equal the CPU bit for bit") {
           out_g.push_back(Tensor::zeros({n}, dt, kGpu));
         }
         bucket_mean(slots, world, off, out, true);
-        const Tensor slots_g = slots.to(kGpu);
-        SideStream::settle();
-        bucket_mean(slots_g, world, off, out_g, true, world == 2 ? side.s : nullptr,
-                    world == 2 ? 4 : 0);
-        side.sync();
+        bucket_mean(slots.to(kGpu), world, off, out_g, true);
         double worst = 0;
         for (size_t k = 0; k < out.size(); ++k)
           worst = std::max(worst, max_abs_diff(out_g[k].to(Device::cpu()).to(DType::f64),

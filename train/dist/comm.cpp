@@ -181,11 +181,11 @@ bool gather_slots(const std::vector<Tensor>& bufs, bool average, bool chunk, con
   return true;
 }
 
-void mean_slots(SlotBucket& b, int rank, int world, void* stream, int ctas) {
-  if (!b.chunk) return bucket_mean(b.slots, world, b.offsets, b.bufs, b.average, stream, ctas);
+void mean_slots(SlotBucket& b, int rank, int world) {
+  if (!b.chunk) return bucket_mean(b.slots, world, b.offsets, b.bufs, b.average);
   const int64_t n = b.bufs[0].numel() / world;
   std::vector<Tensor> mine = {b.bufs[0].narrow(0, rank * n, n)};
-  bucket_mean(b.slots, world, {b.offsets[0] + rank * n}, mine, b.average, stream, ctas);
+  bucket_mean(b.slots, world, {b.offsets[0] + rank * n}, mine, b.average);
 }
 
 std::vector<int64_t> recorded_sizes(const Comm& c) {
@@ -330,7 +330,7 @@ class NcclComm final : public Comm {
     if (means_.empty()) return;
     cuda::DeviceGuard guard(device_);
     FFN_CHECK_CUDA(cudaStreamWaitEvent(cuda::stream(device_), gathered_, 0));
-    for (SlotBucket& b : means_) mean_slots(b, rank_, world_);  // compute stream, whole GPU
+    for (SlotBucket& b : means_) mean_slots(b, rank_, world_);
     means_.clear();
 #endif
   }

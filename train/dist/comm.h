@@ -195,7 +195,7 @@ std::string broadcast_text(Comm& comm, const std::string& text, int root, Device
 // gather(slot `rank`) to bring every rank's slot to every rank; it returns false, doing
 // nothing, when bufs do not fit in a slot. mean_slots then writes the mean (or sum) over the
 // slots into bufs (with `chunk`: bufs is one flat buffer of world equal chunks, and only
-// chunk `rank` is written), on `stream` with at most `ctas` thread blocks (0: any number).
+// chunk `rank` is written), on the compute stream.
 struct SlotBucket {
   std::vector<Tensor> bufs;
   std::vector<int64_t> offsets;
@@ -206,7 +206,7 @@ struct SlotBucket {
 bool gather_slots(const std::vector<Tensor>& bufs, bool average, bool chunk, const Tensor& slots,
                   int rank, int world, const std::function<void(Tensor& mine)>& gather,
                   void* stream, SlotBucket& out);
-void mean_slots(SlotBucket& b, int rank, int world, void* stream = nullptr, int ctas = 0);
+void mean_slots(SlotBucket& b, int rank, int world);
 // Bytes a slot needs for tensors of these sizes (256-byte boundaries).
 int64_t slot_bytes(const std::vector<int64_t>& nbytes);
 
