@@ -370,7 +370,9 @@ void act_epilogue_bench(int device, int warmup, int iters) {
                         // with nanoGPT's fine-tuning dropout
                         {"ffn_d1024.fc1", 16384, 4096, 1024, Activation::gelu_tanh, 0.1f},
                         {"ffn_d4096.fc1", 8192, 16384, 4096, Activation::gelu_tanh, 0.1f},
-                        {"gpt2.fc1", 16384, 3072, 768, Activation::gelu_erf, 0.1f}};
+                        {"gpt2.fc1", 16384, 3072, 768, Activation::gelu_erf, 0.1f},
+                        // shakespeare_char's fc1 (d_model 384, below the fused kernels' K)
+                        {"shakespeare_char.fc1", 16384, 1536, 384, Activation::gelu_erf}};
   Generator g(37);
   for (const Fc1& sh : shapes) {
     const Tensor x = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
@@ -456,11 +458,14 @@ void act_epilogue_bench(int device, int warmup, int iters) {
   // The gated FFN's fc1 (Note [GLU warpgroup]): the GLU on the activation warpgroups against
   // GEMM + bias_glu_dropout and the bare GEMM, at the GEGLU workloads' shapes; then its
   // backward's dhd product (with db1) against GEMM + bias_glu_dropout_backward.
+  // llama_char's SwiGLU (d_model 384, no biases: b and db undefined, as the model runs it).
   for (const Fc1& sh : {Fc1{"geglu_d1024.fc1", 16384, 4096, 1024, Activation::gelu_tanh},
-                        Fc1{"geglu_d2048.fc1", 16384, 8192, 2048, Activation::gelu_tanh}}) {
+                        Fc1{"geglu_d2048.fc1", 16384, 8192, 2048, Activation::gelu_tanh},
+                        Fc1{"llama_char.fc1", 16384, 1024, 384, Activation::silu}}) {
+    const bool bias = sh.d >= 1024;
     const Tensor x = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
     const Tensor w = Tensor::randn({2 * sh.h, sh.d}, g, DType::bf16, dev, 0.0, 0.05);
-    const Tensor b = Tensor::randn({2 * sh.h}, g, DType::bf16, dev);
+    const Tensor b = bias ? Tensor::randn({2 * sh.h}, g, DType::bf16, dev) : Tensor();
     Tensor z = Tensor::empty({sh.m, 2 * sh.h}, DType::bf16, dev);
     Tensor out = Tensor::empty({sh.m, sh.h}, DType::bf16, dev);
     auto t = [&](auto&& f) { return median_ms(device, warmup, iters, f); };
@@ -474,22 +479,24 @@ void act_epilogue_bench(int device, int warmup, int iters) {
     // The backward's dhd = dz2·W2 product with dz, db1 and the recomputed out.
     const Tensor w2 = Tensor::randn({sh.d, sh.h}, g, DType::bf16, dev, 0.0, 0.05);
     const Tensor dz2 = Tensor::randn({sh.m, sh.d}, g, DType::bf16, dev);
-    Tensor dz = z.clone(), dhd = out.clone(), db = b.clone();
+    Tensor dz = z.clone(), dhd = out.clone(), db = bias ? b.clone() : Tensor();
+    Tensor* dbp = bias ? &db : nullptr;
     const double b_fused =
-        t([&] { cuda::sm90_gemm_nn_glu_backward(dz2, w2, z, b, sh.act, {}, dz, out, &db); });
+        t([&] { cuda::sm90_gemm_nn_glu_backward(dz2, w2, z, b, sh.act, {}, dz, out, dbp); });
     const double b_unfused = t([&] {
       gemm(dz2, w2, dhd);
-      bias_glu_dropout_backward(dhd, z, b, sh.act, {}, dz, &db, &out);
+      bias_glu_dropout_backward(dhd, z, b, sh.act, {}, dz, dbp, &out);
     });
     const double b_bare = t([&] { cuda::sm90_gemm(dz2, w2, dhd); });
     const double b_bare_lt = t([&] { gemm(dz2, w2, dhd); });
     std::printf(
-        "{\"glu_epilogue\": \"%s\", \"act\": \"%s\", \"fwd_glu_warpgroups_ms\": %.4f, "
+        "{\"glu_epilogue\": \"%s\", \"act\": \"%s\", \"bias\": %s, "
+        "\"fwd_glu_warpgroups_ms\": %.4f, "
         "\"fwd_unfused_ms\": %.4f, \"fwd_bare_ours_ms\": %.4f, "
         "\"fwd_bare_cublaslt_ms\": %.4f, \"bwd_glu_warpgroups_db_ms\": %.4f, "
         "\"bwd_unfused_ms\": %.4f, \"bwd_bare_ours_ms\": %.4f, \"bwd_bare_cublaslt_ms\": %.4f}\n",
-        sh.name, activation_name(sh.act), fused, unfused, bare, bare_lt, b_fused, b_unfused, b_bare,
-        b_bare_lt);
+        sh.name, activation_name(sh.act), bias ? "true" : "false", fused, unfused, bare, bare_lt,
+        b_fused, b_unfused, b_bare, b_bare_lt);
     std::fflush(stdout);
   }
   // Bias gradients: dW = dyᵀ·x with db = Σ_rows dy in the same cuBLASLt call (BGRADB)

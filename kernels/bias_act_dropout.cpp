@@ -58,14 +58,18 @@ void bias_dropout_backward(const Tensor& dy, const DropoutSpec& d, Tensor* dz, T
 namespace {
 // When the fused kernels run, measured on an H100 (bench/RESULTS-2026-11-24-s11-13.md,
 // session 13, and bench/RESULTS-2026-11-24-s14-16.md, session 14, `ffn-bench --act-epilogues`,
-// against GEMM + bias_act_dropout(_backward)): from K = 768 (GPT-2's fc1; smaller K was not
-// measured) the activation warpgroups' kernel (Note [Activation warpgroup]) wins the forward and
+// against GEMM + bias_act_dropout(_backward)): from K = 768 (GPT-2's fc1) the activation
+// warpgroups' kernel (Note [Activation warpgroup]) wins the forward and
 // the backward with db at every measured shape (session 14, call 8: gpt2 0.87× and 0.83×, ffn_d1024
 // 0.79× and 0.86×, ffn_d4096 0.94× and 0.90×). Until session 14 the ping-pong ActTma (Note
 // [Activation epilogues]) ran from K = 4096; with the activation warpgroups' backward on a 5-stage
 // ring it is slower there too (forward 1.755 against 1.571 ms, backward 1.986 + a column-sum pass
 // against 1.818 with db).
-constexpr int64_t kActMinK = 768;
+// At K = 384 (shakespeare_char's fc1, 16384 × 1536; H200, session 40, ffn-bench
+// --act-epilogues) it wins too: forward 0.059 against 0.076 ms, backward with db 0.085
+// against 0.109, and shakespeare_char's step 4.48 → 4.30 ms (alternated twice). Smaller K was
+// not measured, so it keeps the unfused pair.
+constexpr int64_t kActMinK = 384;
 constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 // With the hidden dropout the activation warpgroups also draw the mask (one Philox block per
 // thread's 8 elements). Session 15 (H100, p = 0.1, fused against GEMM + kernel) had the fused

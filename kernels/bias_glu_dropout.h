@@ -34,7 +34,7 @@ Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation 
 // The backward likewise, in the dhd = dy·w GEMM (w [K, h]: fc2's weight, K = dy.size(1)):
 // bias_glu_dropout_backward(dy·w, z, b, act, d, dz, db, &out) with its arithmetic and mask
 // (db optional, [2h], summed in the kernel). Returns false and computes nothing where it
-// does not run (as linear_glu, from K = 1024 and for any h % 8 == 0).
+// does not run (as linear_glu, from K = 384 and for any h % 8 == 0).
 bool linear_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
                          Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
                          Tensor* db = nullptr);

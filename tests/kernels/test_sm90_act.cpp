@@ -145,11 +145,11 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
           }
           CHECK_MESSAGE(bad == 0, what, ": db off Σ_rows dz in ", bad, " of ", n, " columns");
         }
-  // The front doors take the Hopper path for 16-bit operands with a long enough K (from 768:
+  // The front doors take the Hopper path for 16-bit operands with a long enough K (from 384:
   // the activation warpgroups, db in the kernel; K = 4096 as well, where the ping-pong ActTma
   // ran until session 14) and decline f32 and short K (the caller then runs gemm +
   // bias_act_dropout); a mismatched output is an error naming the op.
-  for (int64_t kl : {768, 4096}) {
+  for (int64_t kl : {384, 4096}) {
     const Tensor xl = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
     const Tensor wl = rand64({136, kl}, g).to(DType::bf16).to(kGpu);
     const Tensor wl2 = rand64({kl, 136}, g).to(DType::bf16).to(kGpu);
@@ -169,7 +169,7 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
   const Tensor x = rand64({64, 32}, g).to(DType::bf16).to(kGpu);
   const Tensor w = rand64({16, 32}, g).to(DType::bf16).to(kGpu);
   Tensor z = Tensor::empty({64, 16}, DType::bf16, kGpu), hd = z.clone();
-  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, {}, z, hd));  // K = 32: measured slower
+  CHECK(!linear_act(x, w, {}, Activation::gelu_erf, {}, z, hd));  // K = 32: below the measured 384
   Tensor z32 = Tensor::empty({64, 16}, DType::f32, kGpu), hd32 = z32.clone();
   CHECK(!linear_act(x.to(DType::f32), w.to(DType::f32), {}, Activation::gelu_erf, {}, z32, hd32));
   Tensor bad = Tensor::empty({64, 24}, DType::bf16, kGpu);
@@ -238,7 +238,7 @@ void check_glu_backward(Generator& g, const Tensor& z, const Tensor& b, Activati
 
 // Note [GLU warpgroup]: z = x·Wᵀ ([value | gate] rows of W in one tile) equals the plain
 // product bit for bit, out equals bias_glu_dropout of it, the mask included; the front door
-// runs it on Hopper from K = 1024 (returning z) and declines elsewhere (an undefined z);
+// runs it on Hopper from K = 384 (returning z) and declines elsewhere (an undefined z);
 // its backward likewise (check_glu_backward, linear_glu_backward).
 FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_dropout") {
   Generator g(76);
@@ -282,13 +282,13 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
           g, z, b, Activation::gelu_erf, {p, 7, 3}, 40,
           std::string("GLU backward ") + dtype_name(dt) + " m77 h200 k40 p" + std::to_string(p));
     }
-  // The front door: K = 1024 runs here, K = 768 and f32 decline; bad shapes are named.
-  for (int64_t kl : {768, 1024}) {
+  // The front door: K = 384 runs here, K = 376 and f32 decline; bad shapes are named.
+  for (int64_t kl : {376, 384}) {
     const Tensor x = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
     const Tensor w = rand64({256, kl}, g).to(DType::bf16).to(kGpu);
     Tensor out = Tensor::empty({200, 128}, DType::bf16, kGpu);
     const Tensor z = linear_glu(x, w, {}, Activation::silu, {}, out);
-    CHECK(z.defined() == (kl >= 1024));
+    CHECK(z.defined() == (kl >= 384));
     if (z.defined()) CHECK(z.shape() == Shape{200, 256});
   }
   const Tensor x = rand64({8, 1024}, g).to(DType::bf16).to(kGpu);
@@ -303,8 +303,8 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
   Tensor bad = Tensor::empty({8, 64}, DType::bf16, kGpu);
   CHECK_THROWS_WITH(linear_glu(x, w, {}, Activation::silu, {}, bad),
                     doctest::Contains("[linear_glu] out"));
-  // The backward's front door: K = 1024 runs (db in the kernel), K = 768 declines.
-  for (int64_t kl : {768, 1024}) {
+  // The backward's front door: K = 384 runs (db in the kernel), K = 376 declines.
+  for (int64_t kl : {376, 384}) {
     const Tensor dy = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
     const Tensor w2 = rand64({kl, 136}, g).to(DType::bf16).to(kGpu);
     const Tensor zl = rand64({200, 272}, g).to(DType::bf16).to(kGpu);
@@ -312,8 +312,8 @@ FFN_GPU_TEST("sm90 GEMM's GLU epilogue equals the GEMM followed by bias_glu_drop
            o = Tensor::empty({200, 136}, DType::bf16, kGpu),
            db = Tensor::full({272}, NAN, DType::bf16, kGpu), db_ref = db.clone();
     CHECK(linear_glu_backward(dy, w2, zl, {}, Activation::gelu_tanh, {}, dz, o, &db) ==
-          (kl >= 1024));
-    if (kl < 1024) continue;
+          (kl >= 384));
+    if (kl < 384) continue;
     bias_grad(dz, db_ref);
     check_close(db, db_ref, 1e-6 * 200, 0x1p-7, "linear_glu_backward db");
   }
