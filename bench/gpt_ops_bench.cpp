@@ -85,38 +85,57 @@ void xent_bench(int device, int warmup, int iters) {
   }
 }
 
-// The residual add and LayerNorm of a GPT-2 block (B·T = 16384 rows of 768, fp32 residual
-// stream, bf16 weights), as the trainer runs them (Note [Residual add and norm]): forward
-// add_layer_norm (reads x and h, writes a and y: 12 bytes an element), backward the norm's
-// gradient added into the stream's, the branch's gradient and its column sums with dw and db
+// The residual add and norm of a GPT-2 block (B·T = 16384 rows of 768, fp32 residual
+// stream, bf16 weights) and of the char models' (rows of 384: shakespeare_char's LayerNorm
+// and llama_char's RMSNorm, with their dropout), as the trainer runs them (Note [Residual add and
+// norm]): forward add_layer_norm (reads x and h, writes a and y: 12 bytes an element), backward the
+// norm's gradient added into the stream's, the branch's gradient and its column sums with dw and db
 // (reads dy, a and dx, writes dx and dh: 16 bytes an element). ms and those bytes per second.
 void norm_bench(int device, int warmup, int iters) {
   const Device dev = Device::cuda(device);
-  const int64_t n = 16384, c = 768;
-  Generator g(11);
-  const Tensor x = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
-  const Tensor h = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
-  const Tensor w = Tensor::randn({c}, g, DType::bf16, dev, 1.0, 0.1);
-  const Tensor b = Tensor::randn({c}, g, DType::bf16, dev, 0.0, 0.1);
-  Tensor a = Tensor::empty({n, c}, DType::f32, dev), y = Tensor::empty({n, c}, DType::bf16, dev);
-  Tensor mean = Tensor::empty({n}, DType::f32, dev), rstd = Tensor::empty({n}, DType::f32, dev);
-  const double fwd = median_ms(device, warmup, iters,
-                               [&] { add_layer_norm(x, h, {}, w, b, 1e-5, a, y, mean, rstd); });
-  const Tensor dy = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
-  Tensor dx = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
-  Tensor dw = Tensor::empty({c}, DType::bf16, dev), db = Tensor::empty({c}, DType::bf16, dev);
-  Tensor dh = Tensor::empty({n, c}, DType::bf16, dev), dh_sum = Tensor::empty({c}, DType::bf16, dev);
-  const BranchGrad branch{&dh, {}, &dh_sum};
-  const double bwd = median_ms(device, warmup, iters, [&] {
-    layer_norm_backward(dy, a, w, mean, rstd, &dx, &dw, &db, true, &branch);
-  });
-  const double e = static_cast<double>(n * c);
-  std::printf(
-      "{\"norm\": \"gpt2 add+layer_norm %lldx%lld, fp32 stream, bf16\", \"forward_ms\": %.4f, "
-      "\"forward_gbps\": %.0f, \"backward_ms\": %.4f, \"backward_gbps\": %.0f}\n",
-      static_cast<long long>(n), static_cast<long long>(c), fwd, 12 * e / fwd / 1e6, bwd,
-      16 * e / bwd / 1e6);
-  std::fflush(stdout);
+  struct Shape2 {
+    const char* name;
+    int64_t c;
+    bool rms, bias;
+    float p;  // the residual branch's dropout
+  };
+  // gpt2_small's LayerNorm (biases: dh's column sums too), shakespeare_char's (no biases,
+  // dropout 0.2) and llama_char's RMSNorm (dropout 0.3), 16384 rows each.
+  for (const Shape2& sh : {Shape2{"gpt2 add+layer_norm", 768, false, true, 0.0f},
+                           Shape2{"shakespeare_char add+layer_norm", 384, false, false, 0.2f},
+                           Shape2{"llama_char add+rms_norm", 384, true, false, 0.3f}}) {
+    const int64_t n = 16384, c = sh.c;
+    Generator g(11);
+    const Tensor x = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
+    const Tensor h = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
+    const Tensor w = Tensor::randn({c}, g, DType::bf16, dev, 1.0, 0.1);
+    const Tensor b = sh.bias ? Tensor::randn({c}, g, DType::bf16, dev, 0.0, 0.1) : Tensor();
+    Tensor a = Tensor::empty({n, c}, DType::f32, dev), y = Tensor::empty({n, c}, DType::bf16, dev);
+    Tensor mean = sh.rms ? Tensor() : Tensor::empty({n}, DType::f32, dev);
+    Tensor rstd = Tensor::empty({n}, DType::f32, dev);
+    const DropoutSpec d = sh.p > 0 ? DropoutSpec{sh.p, 5, 0} : DropoutSpec{};
+    const double fwd = median_ms(device, warmup, iters,
+                                 [&] { add_layer_norm(x, h, d, w, b, 1e-5, a, y, mean, rstd); });
+    const Tensor dy = Tensor::randn({n, c}, g, DType::bf16, dev, 0.0, 1.0);
+    Tensor dx = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
+    Tensor dw = Tensor::empty({c}, DType::bf16, dev), db = Tensor::empty({c}, DType::bf16, dev);
+    Tensor dh = Tensor::empty({n, c}, DType::bf16, dev),
+           dh_sum = Tensor::empty({c}, DType::bf16, dev);
+    const BranchGrad branch{&dh, d, sh.bias ? &dh_sum : nullptr};
+    const double bwd = median_ms(device, warmup, iters, [&] {
+      if (sh.rms)
+        rms_norm_backward(dy, a, w, rstd, &dx, &dw, true, &branch);
+      else
+        layer_norm_backward(dy, a, w, mean, rstd, &dx, &dw, sh.bias ? &db : nullptr, true, &branch);
+    });
+    const double e = static_cast<double>(n * c);
+    std::printf(
+        "{\"norm\": \"%s %lldx%lld, fp32 stream, bf16, p %.1f\", \"forward_ms\": %.4f, "
+        "\"forward_gbps\": %.0f, \"backward_ms\": %.4f, \"backward_gbps\": %.0f}\n",
+        sh.name, static_cast<long long>(n), static_cast<long long>(c), sh.p, fwd,
+        12 * e / fwd / 1e6, bwd, 16 * e / bwd / 1e6);
+    std::fflush(stdout);
+  }
 }
 
 // The optimizer step of GPT-2 124M (bf16 parameters, fp32 master weights and moments,

@@ -192,8 +192,13 @@ constexpr int bwd_smem_bytes() {
 // 0.102 ms a call that way, 0.089 this way; session 23, bench/RESULTS-2026-11-26-s20-25.md).
 // Staging the next two rows in shared memory with cp.async instead, sums in registers,
 // measured slower still (0.116–0.120 ms).
+// Rows of at most 512 (K ≤ 2: the char models' 384) fit two blocks an SM in 128 registers
+// (16 bytes spilled a thread), so twice the rows are in flight: H200, session
+// 40, ffn-bench --norm alternated 3x, llama_char's RMSNorm backward 0.049–0.050 → 0.041–0.042
+// ms, shakespeare_char's LayerNorm 0.051 → 0.042–0.043, their steps 2.3% faster. At K = 3
+// (GPT-2's 768) 128 registers spill 496 bytes a thread, so one block.
 template <class X, class T, class S, int K, bool kDhSum>
-__global__ void __launch_bounds__(32 * kWarps)
+__global__ void __launch_bounds__(32 * kWarps, K <= 2 ? 2 : 1)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
                        bool accumulate, float* partials, int64_t m, int c, T* dh, DeviceMask mask) {
   constexpr int kSets = kDhSum ? 3 : 2;
