@@ -196,9 +196,12 @@ constexpr int bwd_smem_bytes() {
 // (16 bytes spilled a thread), so twice the rows are in flight: H200, session
 // 40, ffn-bench --norm alternated 3x, llama_char's RMSNorm backward 0.049–0.050 → 0.041–0.042
 // ms, shakespeare_char's LayerNorm 0.051 → 0.042–0.043, their steps 2.3% faster. At K = 3
-// (GPT-2's 768) 128 registers spill 496 bytes a thread, so one block.
+// (GPT-2's 768) 128 registers with the next row spill 496 bytes a thread; without it (each
+// warp loads its next row after storing the current one, 48 bytes spilled) two blocks an SM
+// still win: GPT-2's backward 0.072–0.073 → 0.069–0.070 ms, gpt2_small's step 29.62 → 29.41
+// ms (alternated twice, session 40). K = 4 keeps one block and the prefetch.
 template <class X, class T, class S, int K, bool kDhSum>
-__global__ void __launch_bounds__(32 * kWarps, K <= 2 ? 2 : 1)
+__global__ void __launch_bounds__(32 * kWarps, K <= 3 ? 2 : 1)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
                        bool accumulate, float* partials, int64_t m, int c, T* dh, DeviceMask mask) {
   constexpr int kSets = kDhSum ? 3 : 2;
@@ -217,14 +220,17 @@ __global__ void __launch_bounds__(32 * kWarps, K <= 2 ? 2 : 1)
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < nv) load_vec<8>(w + 8 * (lane + 32 * k), wv[k]);
   const int64_t first = int64_t{blockIdx.x} * kBwdRows + warp;
-  BwdRow<K> cur, next;
+  constexpr bool kPrefetch = K != 3;
+  BwdRow<K> cur;
+  [[maybe_unused]] BwdRow<K> next;
   // dx's old values (accumulate) load with x and dy: one trip to memory per row, not two.
   if (first < m) load_bwd_row<X, T, K>(cur, dy, x, dx, accumulate, first, c, lane);
   for (int rr = 0; rr < kBwdRows / kWarps; ++rr) {
     const int64_t row = first + rr * kWarps;
     if (row >= m) break;
-    if (row + kWarps < m && rr + 1 < kBwdRows / kWarps)
-      load_bwd_row<X, T, K>(next, dy, x, dx, accumulate, row + kWarps, c, lane);
+    if constexpr (kPrefetch)
+      if (row + kWarps < m && rr + 1 < kBwdRows / kWarps)
+        load_bwd_row<X, T, K>(next, dy, x, dx, accumulate, row + kWarps, c, lane);
     const float mu = mean ? static_cast<float>(mean[row]) : 0.0f;
     const float r = static_cast<float>(rstd[row]);
     float s1 = 0.0f, s2 = 0.0f;
@@ -281,7 +287,10 @@ __global__ void __launch_bounds__(32 * kWarps, K <= 2 ? 2 : 1)
               }
         }
       }
-    cur = next;
+    if constexpr (kPrefetch)
+      cur = next;
+    else if (row + kWarps < m && rr + 1 < kBwdRows / kWarps)
+      load_bwd_row<X, T, K>(cur, dy, x, dx, accumulate, row + kWarps, c, lane);
   }
   if (!with_sums) return;
   __syncthreads();
