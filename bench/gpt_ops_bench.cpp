@@ -217,21 +217,26 @@ void attention_bench(int device, int warmup, int iters, float p_drop) {
                         static_cast<double>(sh.t) * static_cast<double>(sh.d);
     // mma_sync, sm90 (its default forward block) and sm90 with the other block size
     // (Note [Forward block rows]; the forward with dropout runs 128 rows either way).
+    // Each sm90 forward also with its warpgroups taking turns (Note [Forward ping-pong]).
     struct Variant {
       cuda::AttentionKernel k;
       int64_t forward_rows;  // sm90: 0 the default, else forced
+      int pingpong;          // sm90: 0 the default, 1 on
     };
     const int64_t other = cuda::sm90_attention_forward_rows(sh.t) == 192 ? 128 : 192;
+    const auto sm90 = cuda::AttentionKernel::sm90;
     for (const Variant v :
-         {Variant{cuda::AttentionKernel::mma_sync, 0}, Variant{cuda::AttentionKernel::sm90, 0},
-          Variant{cuda::AttentionKernel::sm90, other}}) {
+         {Variant{cuda::AttentionKernel::mma_sync, 0, 0}, Variant{sm90, 0, 0}, Variant{sm90, 0, 1},
+          Variant{sm90, other, 0}, Variant{sm90, other, 1}}) {
       const auto k = v.k;
       if (k == cuda::AttentionKernel::sm90 && !cuda::sm90_attention_supported(qkv, sh.h)) continue;
       cuda::sm90_attention_force_forward_rows(v.forward_rows);
+      cuda::sm90_attention_force_forward_pingpong(v.pingpong);
       const int64_t rows = cuda::sm90_attention_forward_rows(sh.t);
       const double fwd = back_to_back_ms(
           device, warmup, iters, [&] { cuda::fused_attention(qkv, sh.h, scale, d, y, lse, k); });
       cuda::sm90_attention_force_forward_rows(0);
+      cuda::sm90_attention_force_forward_pingpong(0);
       const double bwd = back_to_back_ms(device, warmup, iters, [&] {
         cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k);
       });
@@ -241,9 +246,11 @@ void attention_bench(int device, int warmup, int iters, float p_drop) {
         cuda::fused_attention_backward(qkv, y, dy, lse, sh.h, scale, d, dqkv, 0, k, &db);
       });
       const double colsum = back_to_back_ms(device, warmup, iters, [&] { bias_grad(dqkv2, db); });
-      const std::string name = k == cuda::AttentionKernel::mma_sync ? "mma_sync"
-                               : v.forward_rows ? "sm90 fwd" + std::to_string(rows)
-                                                : "sm90";
+      const std::string name =
+          k == cuda::AttentionKernel::mma_sync
+              ? "mma_sync"
+              : (v.forward_rows ? "sm90 fwd" + std::to_string(rows) : std::string("sm90")) +
+                    (v.pingpong > 0 ? " pingpong" : "");
       std::printf(
           "{\"attention\": \"%s\", \"kernel\": \"%s\", \"b\": %lld, \"t\": %lld, "
           "\"h\": %lld, \"d\": %lld, \"dropout\": %.2f, \"forward_rows\": %lld, "

@@ -188,6 +188,10 @@ void sm90_attention_force_unit_group(int64_t) {}  // nothing runs them without C
 void sm90_attention_force_grid(int64_t) {}
 void sm90_attention_force_forward_rows(int64_t) {}
 int64_t sm90_attention_forward_rows(int64_t) { return 0; }
+void sm90_attention_force_forward_pingpong(int) {}
+bool sm90_attention_forward_pingpong() {
+  return false;
+}
 
 void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&,
                 const Tensor&, const DropoutSpec&, Tensor*) {

@@ -30,6 +30,11 @@ void sm90_attention_force_grid(int64_t ctas);
 void sm90_attention_force_forward_rows(int64_t rows);
 // The forward's query rows a unit without dropout at sequence length t, as forced or chosen.
 int64_t sm90_attention_forward_rows(int64_t t);
+// Tests and benchmarks: the forward's consumer warpgroups taking turns to issue their
+// products (Note [Forward ping-pong], attention_sm90_fwd.cu): 1 on, -1 off, 0 the default
+// (off). The same bits either way.
+void sm90_attention_force_forward_pingpong(int mode);
+bool sm90_attention_forward_pingpong();
 
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).
 void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,

@@ -33,6 +33,25 @@ namespace {
 // empty barrier before its fill would count toward the stage's previous phase. Same
 // per-row arithmetic either way, so both sizes give the same bits.
 constexpr int kFwdKeys = 128, kFwdStages = 4;
+
+// Note [Forward ping-pong]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Optionally (sm90_attention_force_forward_pingpong) the consumer warpgroups take turns to
+// issue their products, FlashAttention-3's inter-warpgroup schedule: warpgroup c waits at
+// named barrier kTurnBarrier + c, issues S = Q·Kᵀ of its next tile (and P·V of the one
+// before), and arrives at c + 1's (mod NC), so that while one warpgroup's products run on the
+// tensor cores the others work on their softmax instead of all contending for both at once.
+// Every warpgroup takes n + 1 turns a unit (n: the block's key tiles), whatever its own
+// rows need: a warpgroup that is done (or has no rows) takes one per tile it releases
+// unread, so the turns line up across units of different lengths. The first turn is
+// warpgroup 0's (the last one arrives once before its first unit) and warpgroup 0 takes the
+// last hand-over back after its units. The same products in the same order per warpgroup:
+// the same bits either way. Measured (H200, session 40, ffn-bench --attention, one run, no
+// dropout, forward ms, off → on): 128-row blocks 0.0953 → 0.0936 at gpt2_small's shape and
+// 0.0286 → 0.0274 at shakespeare_char's; 192-row blocks 0.0879 → 0.0890 (gpt2_small) and
+// 0.0612 → 0.0620 (T = 512). Within a run's noise of the default, so off by default; the
+// bench times both, for the next device to say.
+constexpr int kTurnBarrier = 1;  // ids 1 .. NC (0 is __syncthreads')
 // 192-row blocks by default from this T (where 64 divides it): measured at B·H = 192 heads and
 // more (H100, ffn-bench --attention, session 36), the forward at T = 1024 −10%, T = 512 −7%,
 // T = 256 +3% (two blocks a head, one with a single busy warpgroup).
@@ -72,11 +91,19 @@ __host__ __device__ __forceinline__ int unit_key_tiles(int64_t q0, int64_t t) {
 // non-wgmma write of O and of P's registers happens with no wgmma in flight, which is what
 // lets ptxas keep the wgmmas asynchronous (it serializes them otherwise, warning C7515).
 // nkt: this warpgroup's key tiles, n ≥ nkt the unit's (Note [Forward block rows]).
-template <class T, bool DROP, int NC>
+template <class T, bool DROP, int NC, bool PP>
 __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int j, int base,
                             int64_t bh, T* y, float* lse, int64_t q0, int nkt, int n,
                             const DeviceMask& mask) {
   const int tid = threadIdx.x - 128 * (c + 1), warp = tid / 32, lane = tid % 32;
+  // Note [Forward ping-pong]: each warpgroup issues its products between taking the turn
+  // from the one before it and handing it to the next; n + 1 turns a unit whichever its rows.
+  auto take_turn = [&] {
+    if constexpr (PP) named_barrier_sync(kTurnBarrier + c, 256);
+  };
+  auto pass_turn = [&] {
+    if constexpr (PP) named_barrier_arrive(kTurnBarrier + (c + 1) % NC, 256);
+  };
   const int gr = lane >> 2, cq = lane & 3;
   const int64_t t = g.t, qw = q0 + 64 * c + 16 * warp;
   uint8_t* mb = p.mask + (4 * c + warp) * 256;
@@ -88,16 +115,21 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   float s[64];
   u32 pa[8][4];
   mbar_wait(&p.res_full[j & 1], (j >> 1) & 1);
-  // The unit's tiles past this warpgroup's last: wait for each to land, release it unread.
+  // The unit's tiles past this warpgroup's last: wait for each to land, release it unread
+  // (and take and pass a turn for each, as the warpgroups still using them do).
   auto release_rest = [&] {
     for (int kt = nkt; kt < n; ++kt) {
       const Slot<kFwdStages> at(base + kt);
       mbar_wait(&p.full[at.stage], at.phase);
       if (lane == 0) mbar_arrive(&p.empty[at.stage]);
+      take_turn();
+      pass_turn();
     }
   };
   if (nkt == 0) {  // rows past T or before 0
     if (lane == 0) mbar_arrive(&p.res_empty[j & 1]);
+    take_turn();
+    pass_turn();
     release_rest();
     return;
   }
@@ -105,6 +137,7 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   auto issue_scores = [&](int kt) {
     const Slot<kFwdStages> at(base + kt);
     mbar_wait(&p.full[at.stage], at.phase);
+    take_turn();    // after the tile landed: no turn is held while waiting for memory
     wgmma_fence();  // orders the registers written since the last wgmmas (s, O, P) before them
     mma_scores<128, T>(s, dq, smem_desc_k128(p.tile(at.stage, 0)));
     wgmma_commit();
@@ -168,6 +201,7 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   };
   float alpha[2];
   issue_scores(0);
+  pass_turn();
   wgmma_wait<0>();
   fence_accumulators(s);
   softmax(0, alpha);  // O is still zero: no rescale
@@ -175,6 +209,7 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   for (int kt = 1; kt < nkt; ++kt) {
     issue_scores(kt);
     issue_pv(kt - 1);
+    pass_turn();
     wgmma_wait<1>();  // S of tile kt
     fence_accumulators(s);
     softmax(kt, alpha);
@@ -186,8 +221,10 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
     for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
     to_a<T, 128>(s, pa);
   }
+  take_turn();
   wgmma_fence();
   issue_pv(nkt - 1);
+  pass_turn();
   wgmma_wait<0>();
   fence_accumulators(o);
   fence_operands(pa);
@@ -209,13 +246,17 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   release_rest();
 }
 
-template <class T, bool DROP, int NC>
+template <class T, bool DROP, int NC, bool PP>
 __global__ void __launch_bounds__(kThreads<NC>, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap q_map,
                const __grid_constant__ CUtensorMap kv_map, T* y, float* lse, Geometry g,
                Units units, DeviceMask mask) {
 #if FFN_ATTN_SM90_CODE
   const FwdPipe<NC> p = begin_cta<FwdPipe<NC>>(&q_map, &kv_map);
+  // Note [Forward ping-pong]: the first turn is warpgroup 0's; the last warpgroup's final
+  // hand-over is taken back after the units, so the barrier is idle when the CTA exits.
+  const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup, −1 for the producer
+  if (PP && cw == NC - 1) named_barrier_arrive(kTurnBarrier, 256);
   // Unit u: query block qt of head bh, the last blocks (most key tiles) first.
   auto unit = [&](int64_t u, int64_t& bh, int& qt) {
     int b32;
@@ -243,10 +284,11 @@ __global__ void __launch_bounds__(kThreads<NC>, 1)
         const int c = threadIdx.x / 128 - 1;
         const int64_t q0 = fwd_block_row<NC>(qt, units.blocks, g.t);
         const int n = unit_key_tiles<NC>(q0, g.t);
-        fwd_consume<T, DROP, NC>(p, g, c, j, base, bh, y, lse, q0, fwd_key_tiles<NC>(q0, c, g.t), n,
-                                 mask);
+        fwd_consume<T, DROP, NC, PP>(p, g, c, j, base, bh, y, lse, q0,
+                                     fwd_key_tiles<NC>(q0, c, g.t), n, mask);
         return n;
       });
+  if (PP && cw == 0) named_barrier_sync(kTurnBarrier, 256);
 #endif
 }
 
@@ -257,6 +299,7 @@ namespace attn90 {
 std::atomic<int64_t> forced_unit_group{0};
 std::atomic<int64_t> forced_grid{0};
 std::atomic<int64_t> forced_forward_rows{0};
+std::atomic<int> forced_forward_pingpong{0};
 }  // namespace attn90
 
 void sm90_attention_force_unit_group(int64_t heads) {
@@ -275,6 +318,15 @@ int64_t sm90_attention_forward_rows(int64_t t) {  // Note [Forward block rows]
   const bool fits = t % 64 == 0;
   if (forced) return forced == 192 && fits ? 192 : 128;
   return fits && t >= attn90::kFwd192FromT ? 192 : 128;
+}
+
+void sm90_attention_force_forward_pingpong(int mode) {
+  FFN_CHECK(mode >= -1 && mode <= 1, "[fused_attention] forward ping-pong mode ", mode,
+            " is not 0 (automatic), 1 (on) or -1 (off)");
+  attn90::forced_forward_pingpong = mode;
+}
+bool sm90_attention_forward_pingpong() {  // Note [Forward ping-pong]
+  return attn90::forced_forward_pingpong.load() > 0;
 }
 
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads) {
@@ -308,11 +360,16 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
                   /*alternate=*/true, b * heads};
       const unsigned grid = persistent_grid(units, dev);
       units.group = unit_group(units, grid, t, dev);  // Note [Unit order]
-      const void* k = reinterpret_cast<const void*>(fwd_kernel<T, DROP, NC>);
-      allow_dynamic_smem(k, FwdPipe<NC>::kSmem);
-      fwd_kernel<T, DROP, NC><<<grid, kThreads<NC>, FwdPipe<NC>::kSmem, stream(dev)>>>(
-          q_map, kv_map, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, units,
-          DeviceMask::from(d));
+      auto go = [&](auto kernel) {
+        allow_dynamic_smem(reinterpret_cast<const void*>(kernel), FwdPipe<NC>::kSmem);
+        kernel<<<grid, kThreads<NC>, FwdPipe<NC>::kSmem, stream(dev)>>>(
+            q_map, kv_map, static_cast<T*>(y.data_ptr()), lse.data<float>(), g, units,
+            DeviceMask::from(d));
+      };
+      if (sm90_attention_forward_pingpong())  // Note [Forward ping-pong]
+        go(fwd_kernel<T, DROP, NC, true>);
+      else
+        go(fwd_kernel<T, DROP, NC, false>);
       FFN_CHECK_LAUNCH();
     };
     if constexpr (!DROP) {  // Note [Forward block rows]

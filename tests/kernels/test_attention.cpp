@@ -577,19 +577,25 @@ TEST_CASE("sm90 attention forward block rows: the choice by T, forced or not") {
 // same per-row arithmetic, so both give the same bits: at T where the first 192-row block has
 // one, two or three warpgroups with rows, where a warpgroup's key tiles end before its
 // block's, where a 128-row block ends past T, and on a grid of three CTAs (several units a
-// CTA). Small enough for the sanitizers (tools/gpu-check attnsan).
+// CTA). Note [Forward ping-pong]: the warpgroups taking turns change no bits either, with
+// and without dropout, whatever the warpgroups' tile counts. Small enough for the sanitizers
+// (tools/gpu-check attnsan).
 FFN_GPU_TEST("sm90 attention forward: 128- and 192-row blocks, the same bits") {
   Generator g(47);
   struct Forced {  // back to the default however the block is left
-    Forced(int64_t rows, int64_t grid) {
+    Forced(int64_t rows, int64_t grid, int pingpong = 0) {
       cuda::sm90_attention_force_forward_rows(rows);
       cuda::sm90_attention_force_grid(grid);
+      cuda::sm90_attention_force_forward_pingpong(pingpong);
     }
     ~Forced() {
       cuda::sm90_attention_force_forward_rows(0);
       cuda::sm90_attention_force_grid(0);
+      cuda::sm90_attention_force_forward_pingpong(0);
     }
   };
+  CHECK_THROWS_WITH(cuda::sm90_attention_force_forward_pingpong(2),
+                    doctest::Contains("forward ping-pong mode 2"));
   CHECK_THROWS_WITH(cuda::sm90_attention_force_forward_rows(64),
                     doctest::Contains("forward block rows 64"));
   for (int64_t t : {1, 64, 65, 128, 192, 193, 256, 300, 320, 448, 512, 576}) {
@@ -598,10 +604,17 @@ FFN_GPU_TEST("sm90 attention forward: 128- and 192-row blocks, the same bits") {
     if (!hopper_inputs(b, t, h, g, qkv, dy)) return;
     CAPTURE(t);
     std::vector<Tensor> out;
-    for (auto [rows, grid] : {std::pair<int64_t, int64_t>{128, 0}, {192, 0}, {192, 3}}) {
+    struct Run {
+      int64_t rows, grid;
+      int pingpong;
+    };
+    for (auto [rows, grid, pingpong] :
+         {Run{128, 0, -1}, Run{192, 0, -1}, Run{192, 3, -1}, Run{128, 0, 1}, Run{192, 0, 1},
+          Run{192, 3, 1}, Run{128, 3, 1}}) {
       CAPTURE(rows);
       CAPTURE(grid);
-      const Forced forced(rows, grid);
+      CAPTURE(pingpong);
+      const Forced forced(rows, grid, pingpong);
       REQUIRE(cuda::sm90_attention_forward_rows(t) == (t % 64 == 0 ? rows : 128));
       Tensor y = Tensor::full({b, t, c}, NAN, DType::bf16, kGpu);
       Tensor lse = Tensor::full({b * h, t}, NAN, DType::f32, kGpu);
@@ -619,5 +632,19 @@ FFN_GPU_TEST("sm90 attention forward: 128- and 192-row blocks, the same bits") {
     const Tensor m = ym.to(Device::cpu()).to(DType::f64);
     CHECK(max_abs_diff(out[2], m) <= 0.02 * max_abs(m) + 1e-3);
     CHECK(max_abs_diff(out[3], lsem.to(Device::cpu()).to(DType::f64)) <= 1e-3);
+    // With dropout (128-row blocks only): ping-pong on and off, the same bits.
+    std::vector<Tensor> drop;
+    for (auto [grid, pingpong] : {std::pair<int64_t, int>{0, -1}, {0, 1}, {3, 1}}) {
+      const Forced forced(0, grid, pingpong);
+      Tensor y = Tensor::full({b, t, c}, NAN, DType::bf16, kGpu);
+      Tensor lse = Tensor::full({b * h, t}, NAN, DType::f32, kGpu);
+      cuda::fused_attention(qkv, h, 0.125, DropoutSpec{0.3f, 11, 2}, y, lse,
+                            cuda::AttentionKernel::sm90);
+      drop.push_back(y.to(Device::cpu()).to(DType::f64));
+      drop.push_back(lse.to(Device::cpu()).to(DType::f64));
+    }
+    for (double v : drop[0].to_vector()) REQUIRE(std::isfinite(v));
+    for (size_t i = 2; i < drop.size(); ++i)
+      CHECK_MESSAGE(max_abs_diff(drop[i], drop[i % 2]) == 0.0, "dropout output ", i, " differs");
   }
 }
