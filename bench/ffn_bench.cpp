@@ -559,7 +559,8 @@ int main(int argc, char** argv) {
   bool optimizer = false;
   app.add_flag("--optimizer", optimizer, "Only GPT-2's optimizer step (grad norm, AdamW)");
   bool norm = false;
-  app.add_flag("--norm", norm, "Only the residual add and norm of GPT-2 and the char models (forward, backward)");
+  app.add_flag("--norm", norm,
+               "Only the residual add and norm of GPT-2 and the char models (forward, backward)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
   std::string gemm_only;
