@@ -67,9 +67,10 @@ namespace {
 // against 1.818 with db).
 // At K = 384 (shakespeare_char's fc1, 16384 × 1536; H200, session 40, ffn-bench
 // --act-epilogues) it wins too: forward 0.059 against 0.076 ms, backward with db 0.085
-// against 0.109, and shakespeare_char's step 4.48 → 4.30 ms (alternated twice). Smaller K was
-// not measured, so it keeps the unfused pair.
-constexpr int64_t kActMinK = 384;
+// against 0.109, and shakespeare_char's step 4.48 → 4.30 ms (alternated twice), without
+// dropout. Smaller K, and K = 384 with the hidden dropout, were not measured: the unfused pair
+// there (with dropout from K = 768, below).
+constexpr int64_t kActMinK = 384, kActDropoutMinK = 768;
 constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 // With the hidden dropout the activation warpgroups also draw the mask (one Philox block per
 // thread's 8 elements). Session 15 (H100, p = 0.1, fused against GEMM + kernel) had the fused
@@ -79,13 +80,13 @@ constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 // with db 0.262, 0.264 against 0.297, 0.303; ffn_d1024's (K = 1024) forward 0.311, 0.312
 // against 0.331, 0.329, backward 0.409, 0.409 against 0.422, 0.426; ffn_d4096's (K = 4096)
 // forward 1.948, 1.938 against 1.860, 1.864, backward 2.079, 2.061 against 2.040, 2.042. So
-// with dropout they run from K = 768 as without. At K = 4096 the forward measured faster as
+// with dropout they run from K = 768 (kActDropoutMinK). At K = 4096 the forward measured faster as
 // GEMM + kernel, but the whole ffn_d4096 step with that forward did not (session 38, call 2,
 // alternated twice: 10.57, 10.46 ms against 10.47, 10.41 with the fused one), so it stays
 // fused. Moving the draws onto the producer's idle warps did not help (bench/RESULTS.md,
 // session 38).
-bool act_fused_here(const Tensor& a) {
-  return a.size(1) >= kActMinK;
+bool act_fused_here(const Tensor& a, const DropoutSpec& d) {
+  return a.size(1) >= (d.active() ? kActDropoutMinK : kActMinK);
 }
 }  // namespace
 
@@ -101,7 +102,7 @@ bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
   detail::check_like(z, x, {x.size(0), w.size(0)}, op, "z");
   detail::check_like(hd, x, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
-  if (!x.is_cuda() || !gemm_epilogues() || !act_fused_here(x) ||
+  if (!x.is_cuda() || !gemm_epilogues() || !act_fused_here(x, d) ||
       !cuda::sm90_gemm_act_supported(x, w, false, act, z) || !detail::dense16(hd) ||
       (b.defined() && !detail::dense16(b)))
     return false;
@@ -123,7 +124,7 @@ bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
   detail::check_like(hd, dy, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, dy, {w.size(1)}, op, "b");
   if (db) detail::check_like(*db, dy, {w.size(1)}, op, "db");
-  if (!dy.is_cuda() || !gemm_epilogues() || !act_fused_here(dy) ||
+  if (!dy.is_cuda() || !gemm_epilogues() || !act_fused_here(dy, d) ||
       !cuda::sm90_gemm_act_supported(dy, w, true, act, dz) || !detail::dense16(z) ||
       !detail::dense16(hd) || (b.defined() && !detail::dense16(b)))
     return false;
