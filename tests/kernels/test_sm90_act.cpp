@@ -145,11 +145,11 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
           }
           CHECK_MESSAGE(bad == 0, what, ": db off Σ_rows dz in ", bad, " of ", n, " columns");
         }
-  // The front doors take the Hopper path for 16-bit operands with a long enough K (from 384:
-  // the activation warpgroups, db in the kernel; K = 4096 as well, where the ping-pong ActTma
-  // ran until session 14) and decline f32 and short K (the caller then runs gemm +
-  // bias_act_dropout); a mismatched output is an error naming the op.
-  for (int64_t kl : {384, 4096}) {
+  // The front doors take the Hopper path for 16-bit operands with a long enough K (from 384,
+  // with the hidden dropout from 768: the activation warpgroups, db in the kernel; K = 4096 as
+  // well, where the ping-pong ActTma ran until session 14) and decline f32 and short K (the
+  // caller then runs gemm + bias_act_dropout); a mismatched output is an error naming the op.
+  for (int64_t kl : {384, 768, 4096}) {
     const Tensor xl = rand64({200, kl}, g).to(DType::bf16).to(kGpu);
     const Tensor wl = rand64({136, kl}, g).to(DType::bf16).to(kGpu);
     const Tensor wl2 = rand64({kl, 136}, g).to(DType::bf16).to(kGpu);
@@ -171,6 +171,11 @@ FFN_GPU_TEST("sm90 GEMM's activation epilogues equal the GEMM followed by bias_a
   const Tensor w = rand64({16, 32}, g).to(DType::bf16).to(kGpu);
   Tensor z = Tensor::empty({64, 16}, DType::bf16, kGpu), hd = z.clone();
   CHECK(!linear_act(x, w, {}, Activation::gelu_erf, {}, z, hd));  // K = 32: below the measured 384
+  {
+    const Tensor x376 = rand64({64, 376}, g).to(DType::bf16).to(kGpu);
+    const Tensor w376 = rand64({16, 376}, g).to(DType::bf16).to(kGpu);
+    CHECK(!linear_act(x376, w376, {}, Activation::gelu_erf, {}, z, hd));  // just below 384
+  }
   Tensor z32 = Tensor::empty({64, 16}, DType::f32, kGpu), hd32 = z32.clone();
   CHECK(!linear_act(x.to(DType::f32), w.to(DType::f32), {}, Activation::gelu_erf, {}, z32, hd32));
   Tensor bad = Tensor::empty({64, 24}, DType::bf16, kGpu);
