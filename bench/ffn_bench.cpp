@@ -559,8 +559,10 @@ int main(int argc, char** argv) {
   bool optimizer = false;
   app.add_flag("--optimizer", optimizer, "Only GPT-2's optimizer step (grad norm, AdamW)");
   bool norm = false;
-  app.add_flag("--norm", norm,
-               "Only the residual add and norm of GPT-2 and the char models (forward, backward)");
+  app.add_flag(
+      "--norm", norm,
+      "Only the residual add and norm of GPT-2 and the char models (forward, backward; and "
+      "in the branch GEMM's epilogue)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
   std::string gemm_only;
@@ -617,6 +619,7 @@ int main(int argc, char** argv) {
     }
     if (norm) {
       bench::norm_bench(device, warmup, iters);
+      bench::norm_epilogue_bench(device, warmup, iters);
       return 0;
     }
     if (xent) {

@@ -15,6 +15,8 @@
 #include "kernels/bias_act_dropout.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/attention_sm90.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
+#include "kernels/gemm.h"
 #include "kernels/layer_norm.h"
 #include "layers/functional.h"
 
@@ -134,6 +136,62 @@ void norm_bench(int device, int warmup, int iters) {
         "\"forward_gbps\": %.0f, \"backward_ms\": %.4f, \"backward_gbps\": %.0f}\n",
         sh.name, static_cast<long long>(n), static_cast<long long>(c), sh.p, fwd,
         12 * e / fwd / 1e6, bwd, 16 * e / bwd / 1e6);
+    std::fflush(stdout);
+  }
+}
+
+// Note [Residual add and norm in the epilogue]: the branch GEMM that ends in the add and the
+// next norm (linear_add_layer_norm) against what runs without it, the product through gemm()
+// (the tuned choice of cuBLASLt and the own GEMM, as the trainer runs it) then
+// add_layer_norm, and against that product alone; 16384 rows, the fused kernel in each tile
+// width that divides the row. ms, and the fused one's ratio to the pair.
+void norm_epilogue_bench(int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  struct Case {
+    const char* name;
+    int64_t k, c;
+    bool rms, bias;
+    float p;
+  };
+  for (const Case& cs : {Case{"gpt2 c_proj + ln", 768, 768, false, true, 0.0f},
+                         Case{"gpt2 fc2 + ln", 3072, 768, false, true, 0.0f},
+                         Case{"shakespeare_char c_proj + ln", 384, 384, false, false, 0.2f},
+                         Case{"llama_char o_proj + rms", 384, 384, true, false, 0.3f},
+                         Case{"llama_char down_proj + rms", 1024, 384, true, false, 0.3f}}) {
+    const int64_t n = 16384, c = cs.c;
+    Generator g(12);
+    const Tensor xin = Tensor::randn({n, cs.k}, g, DType::bf16, dev, 0.0, 1.0);
+    const Tensor wl = Tensor::randn({c, cs.k}, g, DType::bf16, dev, 0.0, 0.02);
+    const Tensor bl = cs.bias ? Tensor::randn({c}, g, DType::bf16, dev, 0.0, 0.1) : Tensor();
+    const Tensor x = Tensor::randn({n, c}, g, DType::f32, dev, 0.0, 1.0);
+    const Tensor w = Tensor::randn({c}, g, DType::bf16, dev, 1.0, 0.1);
+    const Tensor b = cs.bias ? Tensor::randn({c}, g, DType::bf16, dev, 0.0, 0.1) : Tensor();
+    Tensor h = Tensor::empty({n, c}, DType::bf16, dev);
+    Tensor a = Tensor::empty({n, c}, DType::f32, dev), y = Tensor::empty({n, c}, DType::bf16, dev);
+    Tensor mean = cs.rms ? Tensor() : Tensor::empty({n}, DType::f32, dev);
+    Tensor rstd = Tensor::empty({n}, DType::f32, dev);
+    const DropoutSpec d = cs.p > 0 ? DropoutSpec{cs.p, 5, 0} : DropoutSpec{};
+    const GemmArgs args{.trans_b = true, .bias = bl};
+    const double gemm_ms = median_ms(device, warmup, iters, [&] { gemm(xin, wl, h, args); });
+    const double pair = median_ms(device, warmup, iters, [&] {
+      gemm(xin, wl, h, args);
+      add_layer_norm(x, h, d, w, b, 1e-5, a, y, mean, rstd);
+    });
+    std::printf(
+        "{\"norm_epilogue\": \"%s, %lldx%lld <- K %lld, p %.1f\", \"gemm_ms\": %.4f, "
+        "\"gemm_then_norm_ms\": %.4f",
+        cs.name, static_cast<long long>(n), static_cast<long long>(c), static_cast<long long>(cs.k),
+        cs.p, gemm_ms, pair);
+    for (int tile : {0, 128, 192}) {
+      if (tile > 0 && (c % tile != 0 || c / tile < 2 || c / tile > 4)) continue;
+      if (!cuda::sm90_gemm_add_norm_supported(xin, wl, x, a, y)) break;
+      const double fused = median_ms(device, warmup, iters, [&] {
+        cuda::sm90_gemm_nt_add_norm(xin, wl, bl, x, d, w, b, 1e-5, a, y, mean, rstd, tile);
+      });
+      std::printf(", \"fused_tile%d_ms\": %.4f, \"fused_tile%d_over_pair\": %.3f", tile, fused,
+                  tile, fused / pair);
+    }
+    std::printf("}\n");
     std::fflush(stdout);
   }
 }

@@ -6,6 +6,7 @@ namespace ffn::bench {
 
 void xent_bench(int device, int warmup, int iters);       // --xent: the classifier
 void norm_bench(int device, int warmup, int iters);       // --norm: residual add + norm
+void norm_epilogue_bench(int device, int warmup, int iters);  // --norm: ... in the GEMM
 void optimizer_bench(int device, int warmup, int iters);  // --optimizer: grad norm, AdamW
 void attention_bench(int device, int warmup, int iters, float p_drop);  // --attention
 

@@ -173,6 +173,15 @@ void sm90_gemm_nn_glu_backward(const Tensor&, const Tensor&, const Tensor&, cons
                                Activation, const DropoutSpec&, Tensor&, Tensor&, Tensor*) {
   no_cuda("sm90_gemm");
 }
+bool sm90_gemm_add_norm_supported(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&) {
+  return false;
+}
+void sm90_gemm_nt_add_norm(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                           const DropoutSpec&, const Tensor&, const Tensor&, double, Tensor&,
+                           Tensor&, Tensor&, Tensor&, int) {
+  no_cuda("sm90_gemm");
+}
 
 bool sm90_attention_supported(const Tensor&, int64_t) {
   return false;

@@ -88,6 +88,7 @@ std::atomic<int> g_autotune{-1};   // -1: not decided yet (read FFN_GEMM_TUNE)
 std::atomic<int> g_epilogues{-1};  // -1: not decided yet (read FFN_GEMM_EPILOGUES)
 std::atomic<int> g_dynamic_order{0};
 std::atomic<int> g_multicast{-1};  // -1: not decided yet (read FFN_GEMM_MULTICAST)
+std::atomic<int> g_norm_epilogue{-1};  // -1: not decided yet (read FFN_NORM_EPILOGUE)
 std::atomic<int> g_group_rows{-1};  // -1: not decided yet (read FFN_GEMM_GROUP_ROWS)
 
 bool env_switch(std::atomic<int>& v, const char* name) {
@@ -145,6 +146,20 @@ void set_gemm_multicast(bool on) {
 
 bool gemm_multicast() {
   return env_switch(g_multicast, "FFN_GEMM_MULTICAST");
+}
+
+void set_norm_epilogue(bool on) {
+  g_norm_epilogue = on ? 1 : 0;
+}
+
+bool norm_epilogue() {  // off unless FFN_NORM_EPILOGUE=1 (measured slower: kernels/gemm.h)
+  int x = g_norm_epilogue.load();
+  if (x < 0) {
+    const char* e = std::getenv("FFN_NORM_EPILOGUE");
+    x = (e && std::strcmp(e, "1") == 0) ? 1 : 0;
+    g_norm_epilogue = x;
+  }
+  return x == 1;
 }
 
 namespace {

@@ -136,6 +136,14 @@ bool gemm_dynamic_order();
 // off (A/B runs). Bit-identical results either way.
 void set_gemm_multicast(bool on);
 bool gemm_multicast();
+// Whether a pre-norm block's attention projection ends in the residual add and the next norm
+// (linear_add_layer_norm in kernels/layer_norm.h, Note [Residual add and norm in the
+// epilogue]) where gemm_epilogues() is on and the kernel runs. Off by default:
+// FFN_NORM_EPILOGUE=1 or set_norm_epilogue(true) turns it on. Measured slower than the GEMM
+// followed by the norm's pass (H200, session 41: gpt2_small 29.33 -> 30.40 ms a step, the
+// char models 5%), so it is there to be measured and worked on, not used.
+void set_norm_epilogue(bool on);
+bool norm_epilogue();
 
 // How many tile rows the own Hopper GEMM's kernels walk as a group (Note [Tile groups] in
 // kernels/cuda/gemm/tile_scheduler.cuh): 0 (the default) lets each product's shape decide, a

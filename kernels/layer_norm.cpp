@@ -9,7 +9,9 @@
 #include "core/dispatch.h"
 #include "kernels/bias_act_dropout.h"  // bias_grad
 #include "kernels/checks.h"
+#include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/dropout_add.h"
+#include "kernels/gemm.h"
 
 namespace ffn {
 
@@ -88,6 +90,35 @@ void add_layer_norm(const Tensor& x, const Tensor& h, const DropoutSpec& d, cons
   if (x.is_cuda()) return cuda::layer_norm(xc, w, b, eps, y, mean, rstd, hc, d, &a);
   cpu::dropout_add(xc, hc, d, a);
   cpu::layer_norm(a, w, b, eps, y, mean, rstd);
+}
+
+bool linear_add_layer_norm(const Tensor& xin, const Tensor& wl, const Tensor& bl, const Tensor& x,
+                           const DropoutSpec& d, const Tensor& w, const Tensor& b, double eps,
+                           Tensor& a, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const char* op = mean.defined() ? "linear_add_layer_norm" : "linear_add_rms_norm";
+  FFN_CHECK(mean.defined() || !b.defined(), "[", op, "] RMSNorm (no mean) takes no bias");
+  check_forward(x, w, b, eps, y, mean.defined() ? &mean : nullptr, rstd, op);
+  detail::check_dropout(d, op);
+  detail::check_matrix(xin, op, "xin");
+  detail::check_matrix(wl, op, "wl");
+  FFN_CHECK(x.dim() == 2 && xin.size(0) == x.size(0) && wl.size(0) == x.size(1) &&
+                wl.size(1) == xin.size(1),
+            "[", op, "] xin ", shape_str(xin.shape()), " · wl ", shape_str(wl.shape()),
+            "ᵀ does not give x's shape ", shape_str(x.shape()));
+  detail::check_like(xin, w, xin.shape(), op, "xin");
+  detail::check_like(wl, w, wl.shape(), op, "wl");
+  if (bl.defined()) detail::check_like(bl, w, {x.size(1)}, op, "bl");
+  detail::check_like(a, x, x.shape(), op, "a");
+  if (!x.is_cuda() || !gemm_epilogues() || !norm_epilogue() || x.dtype() != DType::f32 ||
+      !cuda::sm90_gemm_add_norm_supported(xin, wl, x, a, y) || !w.is_contiguous() ||
+      (b.defined() && !b.is_contiguous()) || (bl.defined() && !bl.is_contiguous()))
+    return false;
+  auto aligned16 = [](const Tensor& t) {
+    return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  if (!aligned16(w) || !aligned16(b)) return false;
+  cuda::sm90_gemm_nt_add_norm(xin, wl, bl, x, d, w, b, eps, a, y, mean, rstd);
+  return true;
 }
 
 namespace {

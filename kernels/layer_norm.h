@@ -58,6 +58,16 @@ struct BranchGrad {
 void add_layer_norm(const Tensor& x, const Tensor& h, const DropoutSpec& d, const Tensor& w,
                     const Tensor& b, double eps, Tensor& a, Tensor& y, Tensor& mean, Tensor& rstd);
 
+// add_layer_norm with h = xin·wlᵀ + bl made in the same GEMM and never stored (Note [Residual
+// add and norm in the epilogue] in kernels/cuda/gemm/norm_epilogue.cuh): xin [M, K], wl [C, K],
+// bl optional [C], all in w's 16-bit dtype; x and a fp32 [M, C]. a is add_layer_norm's bit for
+// bit given the same product; y, mean and rstd to rounding (the row sums run in another
+// order). Returns false, writing nothing, where that kernel does not run (the CPU, other
+// GPUs and dtypes, norm_epilogue() or gemm_epilogues() off, unaligned rows): the caller then
+// runs the GEMM and add_layer_norm.
+bool linear_add_layer_norm(const Tensor& xin, const Tensor& wl, const Tensor& bl, const Tensor& x,
+                           const DropoutSpec& d, const Tensor& w, const Tensor& b, double eps,
+                           Tensor& a, Tensor& y, Tensor& mean, Tensor& rstd);
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                 Tensor& mean, Tensor& rstd);
 // Any of dx, dw, db may be null (not needed). With accumulate_dx the gradient is added to

@@ -121,4 +121,20 @@ void sm90_gemm_nn_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& 
                                Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
                                Tensor* db = nullptr);
 
+// A pre-norm block's branch ended inside its GEMM (Note [Residual add and norm in the
+// epilogue], norm_epilogue.cuh): h = x·wᵀ + bias (x [m, k], w [n, k], never stored), a = res +
+// dropout(h) (res and a fp32 [m, n], dropout_add's arithmetic and mask: a is bit for bit the
+// unfused path's given the same product) and y = LayerNorm(a)·g + beta (mean defined) or
+// RMSNorm(a)·g (mean undefined, beta undefined), with mean and rstd [m] in fp32 as
+// layer_norm writes them (to rounding: the row sums run in another order). bias and beta
+// optional. The row's tiles run as one cluster: n must be 2 or 4 tiles of 192 columns or 2 to
+// 4 of 128 (tile_n: 0 picks 192 where it can; 128 or 192 forces it).
+// sm90_gemm_add_norm_supported: sm90_gemm_supported for x·wᵀ -> y, such an n, res and a fp32
+// with 32-byte aligned rows, y 16-byte aligned.
+bool sm90_gemm_add_norm_supported(const Tensor& x, const Tensor& w, const Tensor& res,
+                                  const Tensor& a, const Tensor& y);
+void sm90_gemm_nt_add_norm(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& res,
+                           const DropoutSpec& d, const Tensor& g, const Tensor& beta, double eps,
+                           Tensor& a, Tensor& y, Tensor& mean, Tensor& rstd, int tile_n = 0);
+
 }  // namespace ffn::cuda

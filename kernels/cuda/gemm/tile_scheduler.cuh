@@ -54,14 +54,16 @@ struct TileScheduler {
   int splits = 1;  // 1 <= splits <= k_blocks
   // Note [Operand multicast]: with cluster = 2 a unit is a pair of tiles (tm, 2q) and
   // (tm, 2q + 1), tiles_n counts the pairs, and the CTA of cluster rank `rank` (set in the
-  // kernel) computes the pair's tile 2q + rank. The cluster's CTAs take the same units.
+  // kernel) computes the pair's tile 2q + rank. The cluster's CTAs take the same units. The
+  // norm epilogue's clusters (Note [Residual add and norm in the epilogue]) take a whole row
+  // of `cluster` tiles a unit the same way.
   int cluster = 1;
   int rank = 0;
   int group_shift = 3;  // Note [Tile groups]: groups of 1 << group_shift tile rows
 
   __host__ __device__ int num_tiles() const { return tiles_m * tiles_n; }
-  // The persistent stride: CTA b takes units b, b + gridDim.x, ...; in clusters (cluster = 2)
-  // the cluster's CTAs take the same units, b / 2 + k·gridDim.x / 2.
+  // The persistent stride: CTA b takes units b, b + gridDim.x, ...; in clusters the cluster's
+  // CTAs take the same units, b / cluster + k·gridDim.x / cluster.
   __device__ int first_unit() const { return static_cast<int>(blockIdx.x) / cluster; }
   __device__ int unit_stride() const { return static_cast<int>(gridDim.x) / cluster; }
   __host__ __device__ int num_units() const { return num_tiles() * splits; }
@@ -97,7 +99,7 @@ struct TileScheduler {
       w.kb0 = static_cast<int>(static_cast<int64_t>(w.split) * k_blocks / splits);
       w.kbs = static_cast<int>(static_cast<int64_t>(w.split + 1) * k_blocks / splits) - w.kb0;
     }
-    if (cluster == 2) w.tn = 2 * w.tn + rank;
+    if (cluster > 1) w.tn = cluster * w.tn + rank;
     return w;
   }
 };
