@@ -544,6 +544,40 @@ std::pair<Var, Var> add_layer_norm(const Var& res, const Var& h, const DropoutSp
   return {av, yv};
 }
 
+std::pair<Var, Var> linear_add_layer_norm(const Var& res, const Var& xin, const Var& wl,
+                                          const Var& bl, const DropoutSpec& d, const Var& w,
+                                          const Var& b, double eps, bool rms) {
+  const Tensor& rv = res.value();
+  const Tensor& xv = xin.value();
+  const Tensor& wv = wl.value();
+  const bool shapes = rv.dim() >= 1 && xv.dim() == rv.dim() && wv.dim() == 2 &&
+                      xv.size(-1) == wv.size(1) && with_last(xv.shape(), wv.size(0)) == rv.shape();
+  if (shapes && rv.is_cuda() && rv.numel() > 0 && rv.dtype() == DType::f32 && is_half(wv.dtype()) &&
+      gemm_epilogues() && norm_epilogue()) {
+    const Tensor r2 = as_2d(rv);
+    Tensor a = Tensor::empty(rv.shape(), rv.dtype(), rv.device());
+    Tensor a2 = as_2d(a);
+    const DType sd = acc_dtype(rv.dtype());
+    Tensor y = Tensor::empty(r2.shape(), w.value().dtype(), rv.device());
+    Tensor mean = rms ? Tensor() : Tensor::empty({r2.size(0)}, sd, rv.device());
+    Tensor rstd = Tensor::empty({r2.size(0)}, sd, rv.device());
+    if (ffn::linear_add_layer_norm(xv.view_2d(), wv, value_or_empty(bl), r2, d, w.value(),
+                                   rms ? Tensor() : value_or_empty(b), eps, a2, y, mean, rstd)) {
+      // h was never stored: its Var carries the shape, dtype and device the graph's backward
+      // asks of it and borrows a's memory, which nothing reads through it (the linear's
+      // backward reads xin and wl, the add's only h's shape).
+      Var hv = make_output(Tensor::borrow(a.data_ptr(), rv.shape(), wv.dtype(), rv.device()),
+                           std::make_shared<LinearNode>(), {xin, wl, bl});
+      Var av = make_output(a, std::make_shared<DropoutAddNode>(d), {res, hv});
+      Var yv = make_output(y.reshape(rv.shape()),
+                           std::make_shared<LayerNormNode>(std::move(mean), std::move(rstd)),
+                           {av, w, rms ? Var() : b});
+      return {av, yv};
+    }
+  }
+  return add_layer_norm(res, linear(xin, wl, bl), d, w, b, eps, rms);
+}
+
 Var rms_norm(const Var& x, const Var& w, double eps) {
   const Tensor& xv = x.value();
   FFN_CHECK(xv.dim() >= 1, "[rms_norm] x must have at least one dimension");

@@ -52,6 +52,13 @@ Var rms_norm(const Var& x, const Var& w, double eps = 1e-6);
 // kernels/layer_norm.h); the graph and the gradients are the two ops'.
 std::pair<Var, Var> add_layer_norm(const Var& res, const Var& h, const DropoutSpec& d, const Var& w,
                                    const Var& b, double eps, bool rms = false);
+// add_layer_norm with h = linear(xin, wl, bl): where the GEMM that makes h can end in the add
+// and the norm (kernels/layer_norm.h's linear_add_layer_norm, Note [Residual add and norm in
+// the epilogue]) h is never stored; the graph and the gradients are still the three ops'.
+// Elsewhere it is linear then add_layer_norm.
+std::pair<Var, Var> linear_add_layer_norm(const Var& res, const Var& xin, const Var& wl,
+                                          const Var& bl, const DropoutSpec& d, const Var& w,
+                                          const Var& b, double eps, bool rms = false);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.
 // check_targets, classes: see kernels/cross_entropy.h (classes > 0: only the first

@@ -53,6 +53,11 @@ void LlamaAttention::check_input(const Tensor& x) const {
 }
 
 Var LlamaAttention::forward_impl(const Var& x) {
+  return o_proj_.forward(forward_heads(x));
+}
+
+Var LlamaAttention::forward_heads(const Var& x) {
+  check_input(x.value());
   // One QKV weight, key/value heads repeated per group (Note [Llama projections]).
   const int64_t group = cfg_.heads / kv_heads_;
   std::vector<fn::RowRange> rows{{q_proj_.weight(), 0, cfg_.d_model}};
@@ -66,8 +71,8 @@ Var LlamaAttention::forward_impl(const Var& x) {
   }
   const DropoutSpec attn = is_training() && cfg_.dropout > 0 ? rng_->dropout(cfg_.dropout)
                                                              : DropoutSpec{};
-  return o_proj_.forward(fn::rope_attention(x, fn::concat_rows(rows), cfg_.heads, cfg_.rope_theta,
-                                            attn, cfg_.fused_attention));
+  return fn::rope_attention(x, fn::concat_rows(rows), cfg_.heads, cfg_.rope_theta, attn,
+                            cfg_.fused_attention);
 }
 
 LlamaMLP::LlamaMLP(const GptConfig& cfg, Generator& init)
@@ -119,8 +124,9 @@ void LlamaBlock::check_input(const Tensor& x) const {
 PreNormBlock::Open LlamaBlock::open_impl(const Var& x, const Var& x_norm) {
   const bool drop = is_training() && dropout_ > 0.0f;
   auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
-  const Var h = self_attn_.forward(x_norm);
-  const auto [a, a_norm] = post_attention_layernorm_.forward_after_add(x, h, spec());
+  const Var heads = self_attn_.forward_heads(x_norm);  // its dropout drawn before the add's
+  const auto [a, a_norm] =
+      post_attention_layernorm_.forward_after_linear_add(x, heads, self_attn_.out_proj(), spec());
   const Var m = mlp_.forward(a_norm);
   return {a, m, spec()};
 }

@@ -27,6 +27,9 @@ namespace ffn {
 class LlamaAttention : public Layer {
  public:
   LlamaAttention(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);
+  // The branch up to o_proj's input, and o_proj: forward(x) is o_proj(forward_heads(x)).
+  Var forward_heads(const Var& x);
+  Linear& out_proj() { return o_proj_; }
 
  protected:
   void check_input(const Tensor& x) const override;

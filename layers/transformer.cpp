@@ -80,6 +80,12 @@ std::pair<Var, Var> LayerNorm::forward_after_add(const Var& res, const Var& h,
   return fn::add_layer_norm(res, h, d, w_, b_, eps_);
 }
 
+std::pair<Var, Var> LayerNorm::forward_after_linear_add(const Var& res, const Var& xin,
+                                                        Linear& proj, const DropoutSpec& d) {
+  check_input(res.value());
+  return fn::linear_add_layer_norm(res, xin, proj.weight(), proj.bias(), d, w_, b_, eps_);
+}
+
 RMSNorm::RMSNorm(int64_t dim, const ParamInit& place, double eps) : dim_(dim), eps_(eps) {
   FFN_CHECK(dim > 0, "[rms_norm] dim must be > 0, got ", dim);
   w_ = register_parameter("weight", Tensor::full({dim}, 1.0, place.dtype, place.device));
@@ -96,6 +102,13 @@ Var RMSNorm::forward_impl(const Var& x) {
 std::pair<Var, Var> RMSNorm::forward_after_add(const Var& res, const Var& h, const DropoutSpec& d) {
   check_input(res.value());
   return fn::add_layer_norm(res, h, d, w_, Var(), eps_, /*rms=*/true);
+}
+
+std::pair<Var, Var> RMSNorm::forward_after_linear_add(const Var& res, const Var& xin, Linear& proj,
+                                                      const DropoutSpec& d) {
+  check_input(res.value());
+  return fn::linear_add_layer_norm(res, xin, proj.weight(), proj.bias(), d, w_, Var(), eps_,
+                                   /*rms=*/true);
 }
 
 namespace {
@@ -122,13 +135,24 @@ void CausalSelfAttention::check_input(const Tensor& x) const {
             opt_.d_model, "], got ", shape_str(x.shape()));
 }
 
+Var CausalSelfAttention::forward_heads(const Var& x) {
+  check_input(x.value());
+  FFN_CHECK(!(is_training() && opt_.resid_dropout > 0),
+            "[attention] forward_heads leaves out c_proj and its residual dropout (p = ",
+            opt_.resid_dropout, "); use forward()");
+  return heads(x);
+}
+
+Var CausalSelfAttention::heads(const Var& x) {
+  const DropoutSpec attn =
+      is_training() && opt_.attn_dropout > 0 ? rng_->dropout(opt_.attn_dropout) : DropoutSpec{};
+  return fn::causal_attention(c_attn_.forward(x), opt_.heads, attn, opt_.fused);
+}
+
 Var CausalSelfAttention::forward_impl(const Var& x) {
-  const bool train = is_training();
-  const DropoutSpec attn = train && opt_.attn_dropout > 0 ? rng_->dropout(opt_.attn_dropout)
-                                                          : DropoutSpec{};
-  Var y = fn::causal_attention(c_attn_.forward(x), opt_.heads, attn, opt_.fused);
-  y = c_proj_.forward(y);
-  if (train && opt_.resid_dropout > 0) y = fn::dropout(y, rng_->dropout(opt_.resid_dropout));
+  Var y = c_proj_.forward(heads(x));
+  if (is_training() && opt_.resid_dropout > 0)
+    y = fn::dropout(y, rng_->dropout(opt_.resid_dropout));
   return y;
 }
 
@@ -187,8 +211,10 @@ PreNormBlock::Open TransformerBlock::open_impl(const Var& x, const Var& x_norm) 
   // parameters' dtype; each residual add shares its passes with the norm after it.
   const bool drop = is_training() && dropout_ > 0.0f;
   auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
-  const Var h = attn_.forward(x_norm);
-  const auto [a, a_norm] = ln_2_.forward_after_add(x, h, spec());  // a = x + dropout(h)
+  // a = x + dropout(c_proj(heads)), c_proj's GEMM ending in the add and ln_2 where it can.
+  // The attention's dropout is drawn before the residual's, as when c_proj ran in it.
+  const Var heads = attn_.forward_heads(x_norm);
+  const auto [a, a_norm] = ln_2_.forward_after_linear_add(x, heads, attn_.out_proj(), spec());
   const Var m = mlp_->forward(a_norm);
   return {a, m, spec()};
 }

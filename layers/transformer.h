@@ -37,11 +37,16 @@ class Embedding : public Module {
 };
 
 // A norm that can take the residual add before it into its own pass (Note [Residual add and
-// norm]): forward_after_add gives {a, norm(a)} for a = res + dropout(h) (fn::add_layer_norm).
+// norm]): forward_after_add gives {a, norm(a)} for a = res + dropout(h) (fn::add_layer_norm);
+// forward_after_linear_add the same for h = proj(xin), whose GEMM then ends in the add and
+// the norm where it can (fn::linear_add_layer_norm, Note [Residual add and norm in the
+// epilogue]).
 class ResidualNorm : public Layer {
  public:
   virtual std::pair<Var, Var> forward_after_add(const Var& res, const Var& h,
                                                 const DropoutSpec& d) = 0;
+  virtual std::pair<Var, Var> forward_after_linear_add(const Var& res, const Var& xin, Linear& proj,
+                                                       const DropoutSpec& d) = 0;
 };
 
 class LayerNorm : public ResidualNorm {
@@ -49,6 +54,8 @@ class LayerNorm : public ResidualNorm {
   LayerNorm(int64_t dim, bool bias, const ParamInit& place, double eps = 1e-5);
   std::pair<Var, Var> forward_after_add(const Var& res, const Var& h,
                                         const DropoutSpec& d) override;
+  std::pair<Var, Var> forward_after_linear_add(const Var& res, const Var& xin, Linear& proj,
+                                               const DropoutSpec& d) override;
 
  protected:
   void check_input(const Tensor& x) const override;
@@ -66,6 +73,8 @@ class RMSNorm : public ResidualNorm {
   RMSNorm(int64_t dim, const ParamInit& place, double eps = 1e-6);
   std::pair<Var, Var> forward_after_add(const Var& res, const Var& h,
                                         const DropoutSpec& d) override;
+  std::pair<Var, Var> forward_after_linear_add(const Var& res, const Var& xin, Linear& proj,
+                                               const DropoutSpec& d) override;
 
  protected:
   void check_input(const Tensor& x) const override;
@@ -94,12 +103,19 @@ class CausalSelfAttention : public Layer {
  public:
   CausalSelfAttention(const AttentionOptions& opt, std::shared_ptr<Generator> rng,
                       Generator& init);
+  // The branch up to c_proj's input, and c_proj: forward(x) is c_proj(forward_heads(x)) (+ the
+  // residual dropout, which must be 0 for forward_heads: the block that runs c_proj itself,
+  // inside the next norm's GEMM, applies its own).
+  Var forward_heads(const Var& x);
+  Linear& out_proj() { return c_proj_; }
 
  protected:
   void check_input(const Tensor& x) const override;
   Var forward_impl(const Var& x) override;
 
  private:
+  Var heads(const Var& x);  // the attention's output, before c_proj
+
   AttentionOptions opt_;
   std::shared_ptr<Generator> rng_;
   Linear c_attn_, c_proj_;
