@@ -110,13 +110,9 @@ bool linear_add_layer_norm(const Tensor& xin, const Tensor& wl, const Tensor& bl
   if (bl.defined()) detail::check_like(bl, w, {x.size(1)}, op, "bl");
   detail::check_like(a, x, x.shape(), op, "a");
   if (!x.is_cuda() || !gemm_epilogues() || !norm_epilogue() || x.dtype() != DType::f32 ||
-      !cuda::sm90_gemm_add_norm_supported(xin, wl, x, a, y) || !w.is_contiguous() ||
-      (b.defined() && !b.is_contiguous()) || (bl.defined() && !bl.is_contiguous()))
+      !cuda::sm90_gemm_add_norm_supported(xin, wl, x, a, y) || !detail::dense16(w) ||
+      (b.defined() && !detail::dense16(b)) || (bl.defined() && !bl.is_contiguous()))
     return false;
-  auto aligned16 = [](const Tensor& t) {
-    return !t.defined() || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  };
-  if (!aligned16(w) || !aligned16(b)) return false;
   cuda::sm90_gemm_nt_add_norm(xin, wl, bl, x, d, w, b, eps, a, y, mean, rstd);
   return true;
 }
