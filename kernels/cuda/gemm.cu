@@ -233,7 +233,7 @@ void set_pointers(const Plan& p, const Call& call) {
 // two of three processes, measured at 0.113-0.118 ms with its reduce, which ran 113.6 +
 // 18.6 us in the training step where a 128×160 kernel (cuBLASLt's first candidate, 0.108 when
 // it won) runs 109; timed as here the 128×160 kernel won in both processes, 3-5% ahead of the
-// split-K one (H100, session 34, bench/RESULTS.md).
+// split-K one (H100, session 34, bench/RESULTS-2026-11-27-s33-34.md).
 constexpr int kRounds = 5;
 
 // The bytes of the candidates' scratch output: the product's output, at least twice L2's size
