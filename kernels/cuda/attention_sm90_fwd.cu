@@ -84,6 +84,21 @@ __host__ __device__ __forceinline__ int unit_key_tiles(int64_t q0, int64_t t) {
   return static_cast<int>(((end < t ? end : t) - 1) / kFwdKeys) + 1;
 }
 
+// Note [Half diagonal tile]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A warpgroup's 64 rows start at a multiple of 64 (Note [Forward block rows]), so where they
+// start at a multiple of 128 (and where T ends them early) the last key tile's second 64 keys
+// all come after every one of its rows: the causal mask zeroes them. That tile then runs at N
+// = 64: S = Q·Kᵀ as m64n64, the softmax over its 32 scores a thread, P·V over 4 k-steps
+// instead of 8, about a twentieth of the forward's products and exponentials at T = 1024.
+// The keys left out only ever added exact zeros (−∞ scores: no max, ex2 = 0, P·V += 0), so the
+// outputs and the log-sum-exp keep their bits. Not in the dropout kernels, whose consumers
+// have no registers for both paths (ptxas serialized their wgmmas, C7511). Measured (H200,
+// session 42, ffn-bench --attention alternated twice, forward ms, before → after):
+// gpt2_small's shape 0.0877/0.0880 → 0.0867/0.0865, T = 512 0.0613/0.0612 → 0.0607/0.0604,
+// shakespeare_char's 0.0284/0.0298 → 0.0271/0.0270: less than the work left out, since a
+// 192-row block's time is its longest warpgroup's, and that one often has a whole last tile.
+
 // Per key tile kt ≥ 1 (FlashAttention-3's intra-warpgroup overlap): issue S = Q·Kᵀ of tile
 // kt, then O += P·V of tile kt − 1 (P packed at the end of the previous tile); wait for S
 // only and run the softmax of tile kt on the CUDA cores while the tensor cores finish P·V;
@@ -134,16 +149,19 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
     return;
   }
   const uint64_t dq = smem_desc_k128(p.resident(j & 1, 0) + c * 64 * kRowBytes);
-  auto issue_scores = [&](int kt) {
+  // Note [Half diagonal tile]: N = 64 for the first half of a key tile (s and pa's first
+  // halves), 128 for the whole tile.
+  auto issue_scores = [&]<int N>(int kt) {
     const Slot<kFwdStages> at(base + kt);
     mbar_wait(&p.full[at.stage], at.phase);
     take_turn();    // after the tile landed: no turn is held while waiting for memory
     wgmma_fence();  // orders the registers written since the last wgmmas (s, O, P) before them
-    mma_scores<128, T>(s, dq, smem_desc_k128(p.tile(at.stage, 0)));
+    mma_scores<N, T>(reinterpret_cast<float(&)[N / 2]>(s), dq, smem_desc_k128(p.tile(at.stage, 0)));
     wgmma_commit();
   };
-  auto issue_pv = [&](int kt) {
-    mma_rows<128, T>(o, pa, smem_desc_mn128(p.tile(Slot<kFwdStages>(base + kt).stage, 1), kBox64));
+  auto issue_pv = [&]<int N>(int kt) {
+    mma_rows<N, T>(o, reinterpret_cast<u32(&)[N / 16][4]>(pa),
+                   smem_desc_mn128(p.tile(Slot<kFwdStages>(base + kt).stage, 1), kBox64));
     wgmma_commit();
   };
   // The softmax of tile kt's scores in s: the running max and sum (log2 units), P (dropped)
@@ -151,7 +169,7 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   // per score that bound this kernel (Note [Hopper attention]): the causal test only on the
   // diagonal tile, in 32-bit offsets; the max on the raw scores (scale > 0); one FFMA before
   // each exp2; the dropout code only in the DROP kernels.
-  auto softmax = [&](int kt, float(&alpha)[2]) {
+  auto softmax = [&]<int N>(int kt, float(&alpha)[2]) {
     const int64_t k0 = 128LL * kt;
     float mx[2] = {-INFINITY, -INFINITY};
     auto scan = [&]<bool DIAG>() {
@@ -159,7 +177,7 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
       // (e&1) − 8(e/2) > 0 (|rel| < 256 on the diagonal tile).
       const int rel = DIAG ? static_cast<int>(k0 - qw) - gr + 2 * cq : 0;
 #pragma unroll
-      for (int n = 0; n < 16; ++n)
+      for (int n = 0; n < N / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           if constexpr (DIAG)
@@ -187,7 +205,7 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
         return QueryKeys{qw + (idx >> 4), k0 + 8 * (idx & 15)};
       });
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < N / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float pr = ex2(fmaf(s[4 * n + e], sl2, nm[e >> 1]));
@@ -200,30 +218,55 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
       }
   };
   float alpha[2];
-  issue_scores(0);
-  pass_turn();
-  wgmma_wait<0>();
-  fence_accumulators(s);
-  softmax(0, alpha);  // O is still zero: no rescale
-  to_a<T, 128>(s, pa);
-  for (int kt = 1; kt < nkt; ++kt) {
-    issue_scores(kt);
-    issue_pv(kt - 1);
+  // Note [Half diagonal tile]: this warpgroup's last row in the first half of its last tile.
+  // Not in the dropout kernels: there ptxas runs out of registers for the wgmma pipeline
+  // with both paths (C7511) and serializes the products.
+  const bool half =
+      !DROP && ((qw - 16 * warp + 64 < t ? qw - 16 * warp + 64 : t) - 1) % kFwdKeys < 64;
+  auto first = [&]<int N>() {
+    issue_scores.template operator()<N>(0);
+    pass_turn();
+    wgmma_wait<0>();
+    fence_accumulators(s);
+    softmax.template operator()<N>(0, alpha);  // O is still zero: no rescale
+    to_a<T, N>(reinterpret_cast<const float(&)[N / 2]>(s), reinterpret_cast<u32(&)[N / 16][4]>(pa));
+  };
+  auto step = [&]<int N>(int kt) {
+    issue_scores.template operator()<N>(kt);
+    issue_pv.template operator()<128>(kt - 1);  // every tile before the last is whole
     pass_turn();
     wgmma_wait<1>();  // S of tile kt
     fence_accumulators(s);
-    softmax(kt, alpha);
+    softmax.template operator()<N>(kt, alpha);
     wgmma_wait<0>();  // P·V of tile kt − 1
     fence_accumulators(o);
     fence_operands(pa);
     if (lane == 0) mbar_arrive(&p.empty[Slot<kFwdStages>(base + kt - 1).stage]);
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[i] *= alpha[(i >> 1) & 1];
-    to_a<T, 128>(s, pa);
+    to_a<T, N>(reinterpret_cast<const float(&)[N / 2]>(s), reinterpret_cast<u32(&)[N / 16][4]>(pa));
+  };
+  if (half && nkt == 1)
+    first.template operator()<64>();
+  else
+    first.template operator()<128>();
+  for (int kt = 1; kt < nkt - 1; ++kt) step.template operator()<128>(kt);
+  if (nkt > 1) {
+    if (half)
+      step.template operator()<64>(nkt - 1);
+    else
+      step.template operator()<128>(nkt - 1);
   }
   take_turn();
-  wgmma_fence();
-  issue_pv(nkt - 1);
+  // The fence inside each branch: one before it left ptxas inserting its own in the divergent
+  // path and serializing every wgmma of the kernel (C7520).
+  if (half) {
+    wgmma_fence();
+    issue_pv.template operator()<64>(nkt - 1);
+  } else {
+    wgmma_fence();
+    issue_pv.template operator()<128>(nkt - 1);
+  }
   pass_turn();
   wgmma_wait<0>();
   fence_accumulators(o);
