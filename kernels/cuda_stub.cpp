@@ -198,6 +198,7 @@ void sm90_attention_force_grid(int64_t) {}
 void sm90_attention_force_forward_rows(int64_t) {}
 int64_t sm90_attention_forward_rows(int64_t) { return 0; }
 void sm90_attention_force_forward_pingpong(int) {}
+void sm90_attention_force_whole_diagonal(bool) {}
 bool sm90_attention_forward_pingpong() {
   return false;
 }

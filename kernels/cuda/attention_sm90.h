@@ -35,6 +35,10 @@ int64_t sm90_attention_forward_rows(int64_t t);
 // (off). The same bits either way.
 void sm90_attention_force_forward_pingpong(int mode);
 bool sm90_attention_forward_pingpong();
+// Tests: every key tile of the forward whole (true), not the half diagonal tile of Note [Half
+// diagonal tile] (attention_sm90_fwd.cu; without ping-pong and dropout only); false, the
+// default, takes the halves. The same bits.
+void sm90_attention_force_whole_diagonal(bool on);
 
 // Shapes and checks as cuda::fused_attention / fused_attention_backward (attention.cu).
 void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const DropoutSpec& d,

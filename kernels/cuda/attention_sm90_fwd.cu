@@ -106,7 +106,7 @@ __host__ __device__ __forceinline__ int unit_key_tiles(int64_t q0, int64_t t) {
 // non-wgmma write of O and of P's registers happens with no wgmma in flight, which is what
 // lets ptxas keep the wgmmas asynchronous (it serializes them otherwise, warning C7515).
 // nkt: this warpgroup's key tiles, n ≥ nkt the unit's (Note [Forward block rows]).
-template <class T, bool DROP, int NC, bool PP>
+template <class T, bool DROP, int NC, bool PP, bool WHOLE>
 __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int j, int base,
                             int64_t bh, T* y, float* lse, int64_t q0, int nkt, int n,
                             const DeviceMask& mask) {
@@ -221,8 +221,11 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   // Note [Half diagonal tile]: this warpgroup's last row in the first half of its last tile.
   // Not in the dropout kernels: there ptxas runs out of registers for the wgmma pipeline
   // with both paths (C7511) and serializes the products.
+  // WHOLE: every tile whole (sm90_attention_force_whole_diagonal, for tests; a template
+  // argument, since a run-time switch there cost the ping-pong kernels their wgmma pipeline's
+  // registers, C7511).
   const bool half =
-      !DROP && ((qw - 16 * warp + 64 < t ? qw - 16 * warp + 64 : t) - 1) % kFwdKeys < 64;
+      !DROP && !WHOLE && ((qw - 16 * warp + 64 < t ? qw - 16 * warp + 64 : t) - 1) % kFwdKeys < 64;
   auto first = [&]<int N>() {
     issue_scores.template operator()<N>(0);
     pass_turn();
@@ -289,7 +292,7 @@ __device__ void fwd_consume(const FwdPipe<NC>& p, const Geometry& g, int c, int 
   release_rest();
 }
 
-template <class T, bool DROP, int NC, bool PP>
+template <class T, bool DROP, int NC, bool PP, bool WHOLE = false>
 __global__ void __launch_bounds__(kThreads<NC>, 1)
     fwd_kernel(const __grid_constant__ CUtensorMap q_map,
                const __grid_constant__ CUtensorMap kv_map, T* y, float* lse, Geometry g,
@@ -327,8 +330,8 @@ __global__ void __launch_bounds__(kThreads<NC>, 1)
         const int c = threadIdx.x / 128 - 1;
         const int64_t q0 = fwd_block_row<NC>(qt, units.blocks, g.t);
         const int n = unit_key_tiles<NC>(q0, g.t);
-        fwd_consume<T, DROP, NC, PP>(p, g, c, j, base, bh, y, lse, q0,
-                                     fwd_key_tiles<NC>(q0, c, g.t), n, mask);
+        fwd_consume<T, DROP, NC, PP, WHOLE>(p, g, c, j, base, bh, y, lse, q0,
+                                            fwd_key_tiles<NC>(q0, c, g.t), n, mask);
         return n;
       });
   if (PP && cw == 0) named_barrier_sync(kTurnBarrier, 256);
@@ -343,6 +346,7 @@ std::atomic<int64_t> forced_unit_group{0};
 std::atomic<int64_t> forced_grid{0};
 std::atomic<int64_t> forced_forward_rows{0};
 std::atomic<int> forced_forward_pingpong{0};
+std::atomic<bool> forced_whole_diagonal{false};
 }  // namespace attn90
 
 void sm90_attention_force_unit_group(int64_t heads) {
@@ -370,6 +374,10 @@ void sm90_attention_force_forward_pingpong(int mode) {
 }
 bool sm90_attention_forward_pingpong() {  // Note [Forward ping-pong]
   return attn90::forced_forward_pingpong.load() > 0;
+}
+
+void sm90_attention_force_whole_diagonal(bool on) {  // Note [Half diagonal tile]
+  attn90::forced_whole_diagonal = on;
 }
 
 bool sm90_attention_supported(const Tensor& qkv, int64_t heads) {
@@ -411,6 +419,8 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
       };
       if (sm90_attention_forward_pingpong())  // Note [Forward ping-pong]
         go(fwd_kernel<T, DROP, NC, true>);
+      else if (forced_whole_diagonal.load())  // Note [Half diagonal tile]: tests
+        go(fwd_kernel<T, DROP, NC, false, !DROP>);
       else
         go(fwd_kernel<T, DROP, NC, false>);
       FFN_CHECK_LAUNCH();

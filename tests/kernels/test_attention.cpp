@@ -578,20 +578,23 @@ TEST_CASE("sm90 attention forward block rows: the choice by T, forced or not") {
 // one, two or three warpgroups with rows, where a warpgroup's key tiles end before its
 // block's, where a 128-row block ends past T, and on a grid of three CTAs (several units a
 // CTA). Note [Forward ping-pong]: the warpgroups taking turns change no bits either, with
-// and without dropout, whatever the warpgroups' tile counts. Small enough for the sanitizers
+// and without dropout, whatever the warpgroups' tile counts. Note [Half diagonal tile]: every
+// key tile whole gives the same bits as the halves. Small enough for the sanitizers
 // (tools/gpu-check attnsan).
 FFN_GPU_TEST("sm90 attention forward: 128- and 192-row blocks, the same bits") {
   Generator g(47);
   struct Forced {  // back to the default however the block is left
-    Forced(int64_t rows, int64_t grid, int pingpong = 0) {
+    Forced(int64_t rows, int64_t grid, int pingpong = 0, bool whole = false) {
       cuda::sm90_attention_force_forward_rows(rows);
       cuda::sm90_attention_force_grid(grid);
       cuda::sm90_attention_force_forward_pingpong(pingpong);
+      cuda::sm90_attention_force_whole_diagonal(whole);
     }
     ~Forced() {
       cuda::sm90_attention_force_forward_rows(0);
       cuda::sm90_attention_force_grid(0);
       cuda::sm90_attention_force_forward_pingpong(0);
+      cuda::sm90_attention_force_whole_diagonal(false);
     }
   };
   CHECK_THROWS_WITH(cuda::sm90_attention_force_forward_pingpong(2),
@@ -607,14 +610,18 @@ FFN_GPU_TEST("sm90 attention forward: 128- and 192-row blocks, the same bits") {
     struct Run {
       int64_t rows, grid;
       int pingpong;
+      bool whole;  // Note [Half diagonal tile] off: every key tile whole
     };
-    for (auto [rows, grid, pingpong] :
-         {Run{128, 0, -1}, Run{192, 0, -1}, Run{192, 3, -1}, Run{128, 0, 1}, Run{192, 0, 1},
-          Run{192, 3, 1}, Run{128, 3, 1}}) {
+    for (auto [rows, grid, pingpong, whole] :
+         {Run{128, 0, -1, false}, Run{192, 0, -1, false}, Run{192, 3, -1, false},
+          Run{128, 0, 1, false}, Run{192, 0, 1, false}, Run{192, 3, 1, false},
+          Run{128, 3, 1, false}, Run{128, 0, -1, true}, Run{192, 0, -1, true},
+          Run{192, 3, -1, true}}) {
       CAPTURE(rows);
       CAPTURE(grid);
       CAPTURE(pingpong);
-      const Forced forced(rows, grid, pingpong);
+      CAPTURE(whole);
+      const Forced forced(rows, grid, pingpong, whole);
       REQUIRE(cuda::sm90_attention_forward_rows(t) == (t % 64 == 0 ? rows : 128));
       Tensor y = Tensor::full({b, t, c}, NAN, DType::bf16, kGpu);
       Tensor lse = Tensor::full({b * h, t}, NAN, DType::f32, kGpu);
