@@ -38,6 +38,26 @@ struct TileCtx {
   const CUtensorMap* c_map;  // C as 64×64 boxes with 128-byte swizzling (StoreCTma)
   const CUtensorMap* c2_map;  // a second output of the same shape (ActTma), or unused
   int split = 0;             // the unit's part of K (StorePartial; Note [Split-K])
+
+  // Consumer warpgroup c's context (the CTA's warpgroup c + 1; warpgroup 0 produces): its
+  // thread index, named barrier 1 + c and its part of the scratch, kScratch bytes a warpgroup.
+  __device__ __forceinline__ static TileCtx of_consumer(int c, uint8_t* scratch, int kScratch) {
+    TileCtx t;
+    t.wg_thread = static_cast<int>(threadIdx.x) - 128 * (c + 1);
+    t.barrier = 1 + c;
+    t.scratch = scratch + c * kScratch;
+    return t;
+  }
+
+  // The block whose first row and column are (r, c), and this thread's first element in it:
+  // the accumulator layout of wgmma.cuh, rows 16·warp + lane/4 (+8), columns 8·(i/4) +
+  // 2·(lane%4) (+1), warp and lane within the warpgroup (wg_thread).
+  __device__ __forceinline__ void place(int r, int c) {
+    rows = r;
+    cols = c;
+    row0 = r + 16 * (wg_thread / 32) + (wg_thread % 32) / 4;
+    col0 = c + 2 * (wg_thread % 4);
+  }
 };
 
 // Stores a pair: one 4-byte store when both are in range and the row start is aligned.

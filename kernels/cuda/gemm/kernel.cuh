@@ -83,28 +83,18 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, 2 * kScratch);
   if (!enter_consumer(ml, &ta, &tb, sched)) return;
-  const int wg = threadIdx.x / 128;
-  const int c = wg - 1;
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int c = threadIdx.x / 128 - 1;
   int stage = 0;
   uint32_t phase = 0;
   float acc[BN / 2];
-  TileCtx ctx;
-  ctx.wg_thread = threadIdx.x - 128 * wg;
-  ctx.barrier = 1 + c;
-  ctx.scratch = ml.scratch + c * kScratch;
+  TileCtx ctx = TileCtx::of_consumer(c, ml.scratch, kScratch);
   ctx.c_map = &tc;
   ctx.c2_map = &tc2;
   for (int u = sched.first_unit(); u < sched.num_units(); u += sched.unit_stride()) {
     const Unit w = sched.unit(u);
     ml.consume(acc, c, w.kbs, stage, phase);
-    // The accumulator layout of wgmma.cuh: rows 16·warp + lane/4 (+8), columns
-    // 8·(i/4) + 2·(lane%4) (+1).
     ctx.split = w.split;
-    ctx.rows = w.tm * ML::BM + 64 * c;
-    ctx.cols = w.tn * BN;
-    ctx.row0 = ctx.rows + 16 * warp + lane / 4;
-    ctx.col0 = ctx.cols + 2 * (lane % 4);
+    ctx.place(w.tm * ML::BM + 64 * c, w.tn * BN);
     epi.tile(acc, ctx);
   }
   epilogue_drain(ctx);
@@ -136,18 +126,13 @@ __global__ void __launch_bounds__(384, 1)
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, 2 * kScratch);
   if (!enter_consumer(ml, &ta, &tb, sched)) return;
-  const int wg = threadIdx.x / 128;
-  const int w = wg - 1;
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int w = threadIdx.x / 128 - 1;
   int stage = 0;
   uint32_t phase = 0;
   float acc0[BN / 2], acc1[BN / 2];
   int j = 0;
   uint32_t order_phase = 0;
-  TileCtx ctx;
-  ctx.wg_thread = threadIdx.x - 128 * wg;
-  ctx.barrier = 1 + w;
-  ctx.scratch = ml.scratch + w * kScratch;
+  TileCtx ctx = TileCtx::of_consumer(w, ml.scratch, kScratch);
   ctx.c_map = &tc;
   ctx.c2_map = &tc2;
   for (int u = sched.first_unit(); u < sched.num_units(); u += sched.unit_stride(), ++j) {
@@ -166,10 +151,7 @@ __global__ void __launch_bounds__(384, 1)
     ml.consume_tile(acc0, acc1, un.kbs, stage, phase);
     if (threadIdx.x % 128 == 0) mbar_arrive(&ml.order[w]);
     ctx.split = un.split;
-    ctx.cols = un.tn * BN;
-    ctx.col0 = ctx.cols + 2 * (lane % 4);
-    ctx.rows = un.tm * ML::BM;
-    ctx.row0 = ctx.rows + 16 * warp + lane / 4;
+    ctx.place(un.tm * ML::BM, un.tn * BN);
     epilogue_tile2(epi, acc0, acc1, ctx);
   }
   epilogue_drain(ctx);

@@ -37,25 +37,17 @@ __global__ void __launch_bounds__(384, 1)
   }
   cluster_sync();
   if (!enter_consumer(ml, &ta, &tb, sched)) return;
-  const int wg = threadIdx.x / 128;
-  const int c = wg - 1;
-  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int c = threadIdx.x / 128 - 1;
   int stage = 0;
   uint32_t phase = 0;
   float acc[BN / 2];
-  TileCtx ctx;
-  ctx.wg_thread = threadIdx.x - 128 * wg;
-  ctx.barrier = 1 + c;
-  ctx.scratch = ml.scratch + c * kScratch;
+  TileCtx ctx = TileCtx::of_consumer(c, ml.scratch, kScratch);
   int j = 0;
   for (int u = sched.first_unit(); u < sched.num_units(); u += sched.unit_stride(), ++j) {
     const Unit w = sched.unit(u);
-    ctx.rows = w.tm * ML::BM + 64 * c;
-    ctx.cols = w.tn * BN;
+    ctx.place(w.tm * ML::BM + 64 * c, w.tn * BN);
     epi.template prefetch<BN>(ctx.rows, ctx.cols, ctx.wg_thread);
     ml.consume(acc, c, w.kbs, stage, phase);
-    ctx.row0 = ctx.rows + 16 * warp + lane / 4;
-    ctx.col0 = ctx.cols + 2 * (lane % 4);
     epi.template tile<kC>(acc, ctx, j);
   }
   // The cluster's CTAs arrive on each other's barriers until their last tile: none leaves
