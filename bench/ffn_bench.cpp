@@ -351,6 +351,52 @@ void gemm_comparison(int device, int warmup, int iters, const std::string& only)
 // fused, the activation warpgroups also with db1; cuBLASLt GEMM + bias_act_dropout_backward
 // with db1; the bare GEMMs). Then GPT-2's weight
 // gradients with the bias gradient through cuBLASLt's BGRADB against GEMM + bias_grad.
+// fc2 with output dropout (Note [Output dropout in the GEMM], kernels/bias_act_dropout.cpp):
+// the Hopper GEMM with the bias and the mask in its epilogue (ping-pong, the default, and
+// cooperative) against gemm() (the tuner's choice, as ffn_forward ran it) + bias_dropout and
+// the bare gemm(), p = 0.1, at the workloads' fc2 shapes and two shorter K.
+void out_dropout_bench(int device, int warmup, int iters) {
+  const Device dev = Device::cuda(device);
+  struct Fc2 {
+    const char* name;
+    int64_t m, n, k;
+  };
+  Generator g(41);
+  for (const Fc2& sh :
+       {Fc2{"ffn_d1024.fc2", 16384, 1024, 4096}, Fc2{"ffn_d4096.fc2", 8192, 4096, 16384},
+        Fc2{"gpt2.fc2", 16384, 768, 3072}, Fc2{"k1024", 16384, 1024, 1024}}) {
+    const Tensor x = Tensor::randn({sh.m, sh.k}, g, DType::bf16, dev);
+    const Tensor w = Tensor::randn({sh.n, sh.k}, g, DType::bf16, dev, 0.0, 0.02);
+    const Tensor b = Tensor::randn({sh.n}, g, DType::bf16, dev);
+    Tensor z = Tensor::empty({sh.m, sh.n}, DType::bf16, dev), y = z.clone();
+    if (!cuda::sm90_gemm_supported(x, w, y, false, true)) {
+      std::fprintf(stderr, "ffn-bench --act-epilogues: the output dropout rows need sm_90\n");
+      return;
+    }
+    const DropoutSpec d{0.1f, 1234, 0};
+    auto t = [&](auto&& f) { return median_ms(device, warmup, iters, f); };
+    using S = cuda::Sm90Schedule;
+    const double fused = t(
+        [&] { cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::identity, d, y, nullptr); });
+    const double fused_coop = t([&] {
+      cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::identity, d, y, nullptr,
+                                          S::cooperative);
+    });
+    const double pair = t([&] {
+      gemm(x, w, z, {.trans_b = true});
+      bias_dropout(z, b, d, y);
+    });
+    const double bare = t([&] { gemm(x, w, z, {.trans_b = true}); });
+    std::printf(
+        "{\"out_dropout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"p\": 0.1, "
+        "\"fused_ms\": %.4f, \"fused_coop_ms\": %.4f, \"gemm_plus_pass_ms\": %.4f, "
+        "\"bare_gemm_ms\": %.4f, \"fused_over_pair\": %.3f}\n",
+        sh.name, static_cast<long long>(sh.m), static_cast<long long>(sh.n),
+        static_cast<long long>(sh.k), fused, fused_coop, pair, bare, fused / pair);
+    std::fflush(stdout);
+  }
+}
+
 void act_epilogue_bench(int device, int warmup, int iters) {
   const CublasLtOnly cublaslt_only;
   const Device dev = Device::cuda(device);
@@ -572,6 +618,9 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--act-epilogues", act_epilogues,
       "Only the activation epilogues and bias-gradient epilogues against the unfused path");
+  bool out_dropout = false;
+  app.add_flag("--out-dropout", out_dropout,
+               "Only fc2 with output dropout: in the Hopper GEMM's epilogue against GEMM + pass");
   bool attention = false;
   float attention_dropout = 0.0f;
   app.add_flag("--attention", attention,
@@ -630,8 +679,13 @@ int main(int argc, char** argv) {
       bench::attention_bench(device, warmup, iters, attention_dropout);
       return 0;
     }
+    if (out_dropout) {
+      out_dropout_bench(device, warmup, iters);
+      return 0;
+    }
     if (act_epilogues) {
       act_epilogue_bench(device, warmup, iters);
+      out_dropout_bench(device, warmup, iters);
       return 0;
     }
     if (gemm_table) {

@@ -110,6 +110,46 @@ bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation ac
   return true;
 }
 
+// Note [Output dropout in the GEMM]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An FFN's output dropout (y = dropout(hd·W2ᵀ + b2)) ran as the GEMM and then a bias_dropout
+// pass that read z2 back and wrote y. sm90_gemm_nt_bias_act_dropout with the identity
+// activation does both in the GEMM's epilogue (BiasActDropout, epilogue.cuh: z2 rounded and
+// staged in shared memory, a Philox block per 8-column run, y stored), so z2 is never
+// written. The product then runs on our cooperative kernel (never split), not on whichever of
+// ours and cuBLASLt's the tuner picks for the bare GEMM. Measured (H200, session 43,
+// `ffn-bench --out-dropout`, p = 0.1, two runs, ms, fused cooperative / ping-pong against
+// gemm() + bias_dropout): K = 1024 (16384 × 1024) 0.072 / 0.080 against 0.090; gpt2's fc2
+// (K = 3072) 0.130 / 0.147 against 0.143; ffn_d1024's fc2 (K = 4096) 0.218 / 0.246 against
+// 0.235; ffn_d4096's fc2 (K = 16384) 1.704 / 1.841 against 1.673. So the cooperative kernel
+// (the consumers' epilogues run together, the mask is cheap beside a pass over y) from K =
+// 1024 to 4096, where it was measured faster; elsewhere the pair. ffn_d1024's forward and
+// backward (`ffn-bench --workload`, alternated three times): 1.551, 1.551, 1.558 → 1.536,
+// 1.545, 1.543 ms, 0.012 ms of the 0.017 the kernel rows predict. Same bits as sm90_gemm
+// followed by bias_dropout (test_sm90_act.cpp).
+constexpr int64_t kOutDropoutMinK = 1024, kOutDropoutMaxK = 4096;
+
+bool linear_dropout(const Tensor& x, const Tensor& w, const Tensor& b, const DropoutSpec& d,
+                    Tensor& y) {
+  const char* op = "linear_dropout";
+  detail::check_dropout(d, op);
+  detail::check_matrix(x, op, "x");
+  detail::check_matrix(w, op, "w");
+  FFN_CHECK(w.size(1) == x.size(1), "[linear_dropout] x is [", x.size(0), ", ", x.size(1),
+            "] but w is ", shape_str(w.shape()), " (expected [n, ", x.size(1), "])");
+  detail::check_like(w, x, w.shape(), op, "w");
+  detail::check_like(y, x, {x.size(0), w.size(0)}, op, "y");
+  if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
+  const int64_t k = x.size(1);
+  if (!x.is_cuda() || !gemm_epilogues() || !d.active() || k < kOutDropoutMinK ||
+      k > kOutDropoutMaxK || !detail::dense16(y) || (b.defined() && !detail::dense16(b)) ||
+      !cuda::sm90_gemm_supported(x, w, y, false, true))
+    return false;
+  cuda::sm90_gemm_nt_bias_act_dropout(x, w, b, Activation::identity, d, y, nullptr,
+                                      cuda::Sm90Schedule::cooperative);
+  return true;
+}
+
 bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
                          Activation act, const DropoutSpec& d, Tensor& dz, Tensor& hd, Tensor* db) {
   const char* op = "linear_act_backward";

@@ -42,6 +42,14 @@ bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
                          Activation act, const DropoutSpec& d, Tensor& dz, Tensor& hd,
                          Tensor* db = nullptr);
 
+// fc2 of an FFN with output dropout in one Hopper GEMM: y = dropout(x·wᵀ + b) (x [M, K],
+// w [N, K], b [N] optional), the GEMM's output rounded before the bias as gemm followed by
+// bias_dropout rounds it, and the same mask (Note [Output dropout in the GEMM]). Returns false
+// and computes nothing where that kernel does not run or was measured slower (as linear_act);
+// the caller then runs gemm and bias_dropout.
+bool linear_dropout(const Tensor& x, const Tensor& w, const Tensor& b, const DropoutSpec& d,
+                    Tensor& y);
+
 // Plain activation (no bias, no dropout) and its gradient dx = dy ⊙ act'(x).
 inline void activation_forward(const Tensor& x, Activation act, Tensor& y) {
   bias_act_dropout(x, {}, act, {}, y);

@@ -94,9 +94,12 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
     return out;
   }
   if (d.out.active()) {
-    const Tensor z2 = matmul(hd, p.w2, {.trans_b = true});
-    out.y = Tensor::empty(z2.shape(), x.dtype(), x.device());
-    bias_dropout(z2, p.b2, d.out, out.y);
+    // The output dropout in fc2's epilogue where it runs (Note [Output dropout in the GEMM]).
+    out.y = Tensor::empty({m, p.w2.size(0)}, x.dtype(), x.device());
+    if (!linear_dropout(hd, p.w2, p.b2, d.out, out.y)) {
+      const Tensor z2 = matmul(hd, p.w2, {.trans_b = true});
+      bias_dropout(z2, p.b2, d.out, out.y);
+    }
   } else {
     out.y = matmul(hd, p.w2, {.trans_b = true, .bias = p.b2});
   }

@@ -32,7 +32,8 @@ FFN_GPU_TEST("sm90 GEMM's fc1 epilogue equals the GEMM followed by bias_act_drop
       {5, 3, 8}, {129, 257, 72}, {300, 1601, 256}, {512, 4096, 1024}, {1100, 8192, 64}};
   for (auto& dm : dims)
     for (DType dt : {DType::bf16, DType::f16})
-      for (Activation act : {Activation::gelu_tanh, Activation::gelu_erf, Activation::silu})
+      for (Activation act : {Activation::gelu_tanh, Activation::gelu_erf, Activation::silu,
+                             Activation::identity})  // identity: fc2's output dropout
         for (float p : {0.0f, 0.1f}) {
           const int64_t m = dm[0], n = dm[1], k = dm[2];
           const Tensor x = rand64({m, k}, g).to(dt).to(kGpu), w = rand64({n, k}, g).to(dt).to(kGpu);
@@ -427,6 +428,54 @@ TEST_CASE("linear_glu declines the CPU and checks its arguments") {
                     doctest::Contains("[linear_glu_backward] dy is [5, 8] but w is [16, 8]"));
 }
 
+// Note [Output dropout in the GEMM]: linear_dropout runs fc2 with its output dropout in the
+// Hopper GEMM for K from 1024 to 4096 (bit for bit the cooperative Hopper product followed by
+// bias_dropout; the same mask, p = 1 drops all), declines other K, no dropout and f32, and
+// checks its arguments.
+FFN_GPU_TEST("linear_dropout: fc2's output dropout in the Hopper GEMM") {
+  Generator g(76);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
+    return;
+  }
+  for (int64_t n : {136, 1000})  // whole and ragged 8-column runs
+    for (float p : {0.1f, 1.0f})
+      for (bool bias : {true, false}) {
+        const Tensor x = rand64({300, 4096}, g).to(DType::bf16).to(kGpu);
+        const Tensor w = rand64({n, 4096}, g).to(DType::bf16).to(kGpu);
+        const Tensor b = bias ? rand64({n}, g).to(DType::bf16).to(kGpu) : Tensor();
+        const DropoutSpec d{p, 11, 12};
+        Tensor y = Tensor::full({300, n}, NAN, DType::bf16, kGpu);
+        CHECK(linear_dropout(x, w, b, d, y));
+        Tensor z = Tensor::empty({300, n}, DType::bf16, kGpu), ref = z.clone();
+        cuda::sm90_gemm(x, w, z,  // the fused kernel's product: cooperative, never split
+                        {.trans_b = true,
+                         .schedule = cuda::Sm90Schedule::cooperative,
+                         .splits = 1,
+                         .tile_n = n >= 256 ? 256 : 128});
+        bias_dropout(z, b, d, ref);
+        CHECK_MESSAGE(equal_and_written(y, ref), "n ", n, " p ", p, " bias ", bias);
+      }
+  const Tensor x = rand64({64, 1024}, g).to(DType::bf16).to(kGpu);
+  const Tensor w = rand64({16, 1024}, g).to(DType::bf16).to(kGpu);
+  Tensor y = Tensor::empty({64, 16}, DType::bf16, kGpu);
+  CHECK(linear_dropout(x, w, {}, {0.1f, 1, 2}, y));  // K = 1024: the measured range's start
+  const Tensor x8 = rand64({64, 1016}, g).to(DType::bf16).to(kGpu);
+  const Tensor w8 = rand64({16, 1016}, g).to(DType::bf16).to(kGpu);
+  CHECK(!linear_dropout(x8, w8, {}, {0.1f, 1, 2}, y));  // just below it
+  const Tensor xl = rand64({64, 4104}, g).to(DType::bf16).to(kGpu);
+  const Tensor wl = rand64({16, 4104}, g).to(DType::bf16).to(kGpu);
+  CHECK(!linear_dropout(xl, wl, {}, {0.1f, 1, 2}, y));  // past 4096: measured slower there
+  const Tensor xk = rand64({64, 4096}, g).to(DType::bf16).to(kGpu);
+  const Tensor wk = rand64({16, 4096}, g).to(DType::bf16).to(kGpu);
+  CHECK(!linear_dropout(xk, wk, {}, {}, y));  // no dropout: the plain GEMM's bias epilogue
+  Tensor y32 = Tensor::empty({64, 16}, DType::f32, kGpu);
+  CHECK(!linear_dropout(xk.to(DType::f32), wk.to(DType::f32), {}, {0.1f, 1, 2}, y32));
+  Tensor bad = Tensor::empty({64, 24}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(linear_dropout(xk, wk, {}, {0.1f, 1, 2}, bad),
+                    doctest::Contains("[linear_dropout] y"));
+}
+
 TEST_CASE("linear_act declines the CPU and checks its arguments") {
   Generator g(75);
   const Tensor x = rand64({5, 8}, g), w = rand64({16, 8}, g), w2 = rand64({8, 16}, g);
@@ -442,4 +491,12 @@ TEST_CASE("linear_act declines the CPU and checks its arguments") {
                     doctest::Contains("[linear_act] x is [5, 8] but w is [8, 16]"));
   CHECK_THROWS_WITH(linear_act_backward(x, w, z, {}, Activation::gelu_erf, {}, dz, hd),
                     doctest::Contains("[linear_act_backward] dy is [5, 8] but w is [16, 8]"));
+  // linear_dropout likewise (Note [Output dropout in the GEMM]).
+  CHECK(!linear_dropout(x, w, {}, {0.1f, 1, 2}, z));
+  CHECK_THROWS_WITH(linear_dropout(x, w2, {}, {0.1f, 1, 2}, z),
+                    doctest::Contains("[linear_dropout] x is [5, 8] but w is [8, 16]"));
+  CHECK_THROWS_WITH(linear_dropout(x, w, {}, {0.1f, 1, 2}, short_z),
+                    doctest::Contains("[linear_dropout] y"));
+  CHECK_THROWS_WITH(linear_dropout(x, w, {}, {1.5f, 1, 2}, z),
+                    doctest::Contains("[linear_dropout]"));
 }
