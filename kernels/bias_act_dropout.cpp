@@ -93,12 +93,7 @@ bool act_fused_here(const Tensor& a, const DropoutSpec& d) {
 bool linear_act(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
                 const DropoutSpec& d, Tensor& z, Tensor& hd) {
   const char* op = "linear_act";
-  detail::check_dropout(d, op);
-  detail::check_matrix(x, op, "x");
-  detail::check_matrix(w, op, "w");
-  FFN_CHECK(w.size(1) == x.size(1), "[linear_act] x is [", x.size(0), ", ", x.size(1),
-            "] but w is ", shape_str(w.shape()), " (expected [h, ", x.size(1), "])");
-  detail::check_like(w, x, w.shape(), op, "w");
+  detail::check_linear(d, x, w, /*nt=*/true, op, "x", "h");
   detail::check_like(z, x, {x.size(0), w.size(0)}, op, "z");
   detail::check_like(hd, x, z.shape(), op, "hd");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
@@ -132,12 +127,7 @@ constexpr int64_t kOutDropoutMinK = 1024, kOutDropoutMaxK = 4096;
 bool linear_dropout(const Tensor& x, const Tensor& w, const Tensor& b, const DropoutSpec& d,
                     Tensor& y) {
   const char* op = "linear_dropout";
-  detail::check_dropout(d, op);
-  detail::check_matrix(x, op, "x");
-  detail::check_matrix(w, op, "w");
-  FFN_CHECK(w.size(1) == x.size(1), "[linear_dropout] x is [", x.size(0), ", ", x.size(1),
-            "] but w is ", shape_str(w.shape()), " (expected [n, ", x.size(1), "])");
-  detail::check_like(w, x, w.shape(), op, "w");
+  detail::check_linear(d, x, w, /*nt=*/true, op, "x", "n");
   detail::check_like(y, x, {x.size(0), w.size(0)}, op, "y");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
   const int64_t k = x.size(1);
@@ -153,12 +143,7 @@ bool linear_dropout(const Tensor& x, const Tensor& w, const Tensor& b, const Dro
 bool linear_act_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
                          Activation act, const DropoutSpec& d, Tensor& dz, Tensor& hd, Tensor* db) {
   const char* op = "linear_act_backward";
-  detail::check_dropout(d, op);
-  detail::check_matrix(dy, op, "dy");
-  detail::check_matrix(w, op, "w");
-  FFN_CHECK(w.size(0) == dy.size(1), "[linear_act_backward] dy is [", dy.size(0), ", ", dy.size(1),
-            "] but w is ", shape_str(w.shape()), " (expected [", dy.size(1), ", h])");
-  detail::check_like(w, dy, w.shape(), op, "w");
+  detail::check_linear(d, dy, w, /*nt=*/false, op, "dy", "h");
   detail::check_like(z, dy, {dy.size(0), w.size(1)}, op, "z");
   detail::check_like(dz, dy, z.shape(), op, "dz");
   detail::check_like(hd, dy, z.shape(), op, "hd");

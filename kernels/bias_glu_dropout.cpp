@@ -68,12 +68,8 @@ constexpr int64_t kGluMinK = 384;
 Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
                   const DropoutSpec& d, Tensor& out) {
   const char* op = "linear_glu";
-  detail::check_dropout(d, op);
-  detail::check_matrix(x, op, "x");
-  detail::check_matrix(w, op, "w");
-  FFN_CHECK(w.size(1) == x.size(1) && w.size(0) % 2 == 0, "[linear_glu] x is [", x.size(0), ", ",
-            x.size(1), "] but w is ", shape_str(w.shape()), " (expected [2h, ", x.size(1), "])");
-  detail::check_like(w, x, w.shape(), op, "w");
+  detail::check_linear(d, x, w, /*nt=*/true, op, "x", "2h",
+                       w.defined() && w.dim() == 2 && w.size(0) % 2 == 0);
   detail::check_like(out, x, {x.size(0), w.size(0) / 2}, op, "out");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
   if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kGluMinK || !detail::dense16(out) ||
@@ -89,13 +85,8 @@ bool linear_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
                          Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
                          Tensor* db) {
   const char* op = "linear_glu_backward";
-  detail::check_dropout(d, op);
-  detail::check_matrix(dy, op, "dy");
-  detail::check_matrix(w, op, "w");
-  FFN_CHECK(w.size(0) == dy.size(1), "[linear_glu_backward] dy is [", dy.size(0), ", ", dy.size(1),
-            "] but w is ", shape_str(w.shape()), " (expected [", dy.size(1), ", h])");
+  detail::check_linear(d, dy, w, /*nt=*/false, op, "dy", "h");
   const int64_t h = w.size(1);
-  detail::check_like(w, dy, w.shape(), op, "w");
   detail::check_like(z, dy, {dy.size(0), 2 * h}, op, "z");
   detail::check_like(dz, dy, z.shape(), op, "dz");
   detail::check_like(out, dy, {dy.size(0), h}, op, "out");

@@ -29,6 +29,18 @@ void check_like(const Tensor& t, const Tensor& ref, const Shape& shape, const ch
   FFN_CHECK(t.is_contiguous(), "[", op, "] output ", name, " must be contiguous");
 }
 
+void check_linear(const DropoutSpec& d, const Tensor& a, const Tensor& w, bool nt, const char* op,
+                  const char* a_name, const char* free, bool shape_ok) {
+  check_dropout(d, op);
+  check_matrix(a, op, a_name);
+  check_matrix(w, op, "w");
+  const int64_t k = a.size(1);
+  FFN_CHECK((nt ? w.size(1) : w.size(0)) == k && shape_ok, "[", op, "] ", a_name, " is [",
+            a.size(0), ", ", k, "] but w is ", shape_str(w.shape()), " (expected [",
+            nt ? free : std::to_string(k), ", ", nt ? std::to_string(k) : free, "])");
+  check_like(w, a, w.shape(), op, "w");
+}
+
 void check_indices(const Tensor& ids, int64_t limit, const char* op, const char* name,
                    bool check_range) {
   check_defined(ids, op, name);

@@ -14,6 +14,13 @@ void check_matrix(const Tensor& t, const char* op, const char* name);
 // Defined, of `shape`, on ref's device and dtype, contiguous (outputs are written in place).
 void check_like(const Tensor& t, const Tensor& ref, const Shape& shape, const char* op,
                 const char* name);
+// The fused GEMMs' front doors (linear_act, linear_dropout, linear_glu, their backwards): d's
+// p in [0, 1], a and w 2-D, w on a's device and dtype and contiguous, and a's columns (K)
+// matching w: w [rows, K] for a·wᵀ (nt), [K, cols] for a·w, and shape_ok (the caller's own
+// condition on w). The error names the op, both shapes and the shape w should have, `free`
+// naming w's other dimension (e.g. "h", "2h").
+void check_linear(const DropoutSpec& d, const Tensor& a, const Tensor& w, bool nt, const char* op,
+                  const char* a_name, const char* free, bool shape_ok = true);
 // Contiguous with a 16-byte aligned start: what the fused Hopper GEMMs' TMA and 16-byte
 // accesses need (their front doors decline otherwise).
 bool dense16(const Tensor& t);
