@@ -344,17 +344,10 @@ void gemm_comparison(int device, int warmup, int iters, const std::string& only)
   }
 }
 
-// Note [Activation epilogues] and Note [Activation warpgroup] against the unfused path, per
-// fc1 shape (bf16): forward = fc1's GEMM + bias + activation (own fused: activation
-// warpgroups, ping-pong and cooperative ActTma; cuBLASLt GEMM + bias_act_dropout(p = 0); the
-// bare GEMMs), backward = dhd = dz2·W2 + the activation's gradient with hd recomputed (own
-// fused, the activation warpgroups also with db1; cuBLASLt GEMM + bias_act_dropout_backward
-// with db1; the bare GEMMs). Then GPT-2's weight
-// gradients with the bias gradient through cuBLASLt's BGRADB against GEMM + bias_grad.
 // fc2 with output dropout (Note [Output dropout in the GEMM], kernels/bias_act_dropout.cpp):
-// the Hopper GEMM with the bias and the mask in its epilogue (ping-pong, the default, and
-// cooperative) against gemm() (the tuner's choice, as ffn_forward ran it) + bias_dropout and
-// the bare gemm(), p = 0.1, at the workloads' fc2 shapes and two shorter K.
+// the Hopper GEMM with the bias and the mask in its epilogue (ping-pong, its default, and
+// cooperative, what linear_dropout runs) against gemm() (the tuner's choice, as ffn_forward ran it)
+// + bias_dropout and the bare gemm(), p = 0.1, at the workloads' fc2 shapes and two shorter K.
 void out_dropout_bench(int device, int warmup, int iters) {
   const Device dev = Device::cuda(device);
   struct Fc2 {
@@ -370,7 +363,7 @@ void out_dropout_bench(int device, int warmup, int iters) {
     const Tensor b = Tensor::randn({sh.n}, g, DType::bf16, dev);
     Tensor z = Tensor::empty({sh.m, sh.n}, DType::bf16, dev), y = z.clone();
     if (!cuda::sm90_gemm_supported(x, w, y, false, true)) {
-      std::fprintf(stderr, "ffn-bench --act-epilogues: the output dropout rows need sm_90\n");
+      std::fprintf(stderr, "ffn-bench: the output dropout rows need the Hopper GEMM (sm_90)\n");
       return;
     }
     const DropoutSpec d{0.1f, 1234, 0};
@@ -397,6 +390,13 @@ void out_dropout_bench(int device, int warmup, int iters) {
   }
 }
 
+// Note [Activation epilogues] and Note [Activation warpgroup] against the unfused path, per
+// fc1 shape (bf16): forward = fc1's GEMM + bias + activation (own fused: activation
+// warpgroups, ping-pong and cooperative ActTma; cuBLASLt GEMM + bias_act_dropout(p = 0); the
+// bare GEMMs), backward = dhd = dz2·W2 + the activation's gradient with hd recomputed (own
+// fused, the activation warpgroups also with db1; cuBLASLt GEMM + bias_act_dropout_backward
+// with db1; the bare GEMMs). Then GPT-2's weight
+// gradients with the bias gradient through cuBLASLt's BGRADB against GEMM + bias_grad.
 void act_epilogue_bench(int device, int warmup, int iters) {
   const CublasLtOnly cublaslt_only;
   const Device dev = Device::cuda(device);
