@@ -655,3 +655,51 @@ FFN_GPU_TEST("sm90 attention forward: 128- and 192-row blocks, the same bits") {
       CHECK_MESSAGE(max_abs_diff(drop[i], drop[i % 2]) == 0.0, "dropout output ", i, " differs");
   }
 }
+
+// The forward's online softmax rescales O and the row sum whenever a key tile raises a row's
+// running max. With small random scores that happens by little and rarely after the first
+// tiles; here scores grow along the keys (head 0 by ~12 log2 units a 128-key tile, so every
+// tile rescales by 2^-12 or less; head 1 by ~3), against the f64 reference and the mma.sync
+// kernel, at T where the forward runs 192-row blocks (1024) and 128-row ones (1000), with and
+// without dropout. (Session 44 tried moving the max only past a slack of 8, FlashAttention-4's
+// conditional rescale, with this test: no faster, not kept; bench/RESULTS.md.)
+FFN_GPU_TEST("sm90 attention forward: row maxima that grow tile by tile") {
+  Generator g(61);
+  for (int64_t t : {1000, 1024})
+    for (float p : {0.0f, 0.2f}) {
+      const int64_t b = 1, h = 2, c = h * 64;
+      std::vector<double> v = rand64({b, t, 3 * c}, g).to_vector();
+      const double scale = 0.125, per_tile[2] = {12.0, 3.0};  // log2 units a 128-key tile
+      for (int64_t i = 0; i < t; ++i)  // position i's q and k, column 0 of each head
+        for (int64_t hh = 0; hh < h; ++hh) {
+          v[i * 3 * c + hh * 64] = 4.0;
+          // any query's score with key i ≈ scale · 4 · k = per_tile · (i / 128) / log2(e)
+          v[i * 3 * c + c + hh * 64] =
+              per_tile[hh] * static_cast<double>(i) / 128.0 / 1.4426950408889634 / (scale * 4.0);
+        }
+      const Tensor qkv = Tensor::from_vector(v, {b, t, 3 * c}).to(DType::bf16).to(DType::f64);
+      const Tensor xg = qkv.to(DType::bf16).to(kGpu);
+      if (!cuda::sm90_attention_supported(xg, h)) {
+        MESSAGE("no sm_90a code for this GPU: the Hopper attention kernels do not run here");
+        return;
+      }
+      CAPTURE(t);
+      CAPTURE(p);
+      const DropoutSpec d{p, 3, 5};
+      Tensor y64 = Tensor::empty({b, t, c}, DType::f64);
+      Tensor lse64 = Tensor::empty({b * h, t}, DType::f32);
+      fused_attention(qkv, h, scale, d, y64, lse64);
+      Tensor y = Tensor::full({b, t, c}, NAN, DType::bf16, kGpu), ym = y.clone();
+      Tensor lse = Tensor::full({b * h, t}, NAN, DType::f32, kGpu), lsem = lse.clone();
+      cuda::fused_attention(xg, h, scale, d, y, lse, cuda::AttentionKernel::sm90);
+      cuda::fused_attention(xg, h, scale, d, ym, lsem, cuda::AttentionKernel::mma_sync);
+      const Tensor a = y.to(Device::cpu()).to(DType::f64);
+      const Tensor m = ym.to(Device::cpu()).to(DType::f64);
+      for (double e : a.to_vector()) REQUIRE(std::isfinite(e));
+      const double err = max_abs_diff(a, y64), err_m = max_abs_diff(m, y64);
+      CHECK_MESSAGE(err <= 2 * err_m + 1e-3, "sm90 error ", err, " vs mma.sync ", err_m);
+      CHECK(err <= 0.02 * max_abs(y64));
+      check_close(lse.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse");
+      check_close(lsem.to(Device::cpu()), lse64, 1e-4, 1e-5, "lse (mma.sync)");
+    }
+}
