@@ -129,6 +129,28 @@ TEST_CASE("activation values and derivatives") {
     CHECK(err_v < 3e-5);  // measured 1.2e-5 (session 25's t·2^(P' − s²) form: 3.4e-5)
     CHECK(err_g < 2e-4);  // 7.4e-5 near g's zero (x ≈ -0.75), over 0.01 (that form: 6.1e-4)
   }
+  // float gelu_tanh (Note [tanh GELU in base 2]) against double: the value's relative error,
+  // the derivative against max(|g|, 0.01), value_grad bit for bit value and grad.
+  {
+    double err_v = 0, err_g = 0;
+    int differ = 0;
+    for (int i = -140000; i <= 140000; i += 7) {
+      const float x = static_cast<float>(i) * 1e-4f;
+      const double vd = act_math::value(double(x), Activation::gelu_tanh);
+      const double gd = act_math::grad(double(x), Activation::gelu_tanh);
+      const float vf = act_math::value(x, Activation::gelu_tanh);
+      const float gf = act_math::grad(x, Activation::gelu_tanh);
+      float v2 = 0, g2 = 0;
+      act_math::value_grad(x, Activation::gelu_tanh, v2, g2);
+      differ += (v2 != vf) + (g2 != gf);
+      if (std::abs(vd) > 1e-30) err_v = std::max(err_v, std::abs(vf - vd) / std::abs(vd));
+      err_g = std::max(err_g, std::abs(gf - gd) / std::max(std::abs(gd), 1e-2));
+    }
+    INFO("tanh GELU: value ", err_v, ", derivative ", err_g);
+    CHECK(differ == 0);
+    CHECK(err_v < 3e-5);  // measured 1.1e-5 (x near -14: exp's argument ~ -300, rounded)
+    CHECK(err_g < 1e-5);  // measured 2.4e-6
+  }
   CHECK(parse_activation("gelu") == Activation::gelu_erf);
   CHECK_THROWS_WITH_AS(parse_activation("relu6"), doctest::Contains("unknown activation 'relu6'"),
                        Error);
