@@ -76,80 +76,57 @@ TEST_CASE("activation values and derivatives") {
       CHECK(v == doctest::Approx(act_math::value(x, a)).epsilon(1e-15));
       CHECK(g == doctest::Approx(act_math::grad(x, a)).epsilon(1e-15));
     }
-  // float gelu_erf (Note [erfc GELU]) against double on a grid: relative error of the value
-  // (no cancellation for negative x), the derivative against max(|g|, 0.01) (it crosses zero
-  // near -0.75), and value_grad equal to value and grad bit for bit (the fused backward
-  // recomputes hd with it).
-  {
-    double err_v4 = 0, err_v = 0, err_g = 0;
-    int differ = 0;
-    for (int i = -140000; i <= 140000; i += 7) {
+  // A float form against double on x = i·1e-4 (|i| ≤ lim, step 7): the value's relative error
+  // where |value| > 1e-30 (the forms have no cancellation for negative x), within |x| ≤ 4
+  // too, the derivative's against max(|g|, 0.01) (GELU's crosses zero near -0.75), how many
+  // value_grad results differ from value and grad (the fused backward recomputes hd with it:
+  // none may), and how many values differ from the default float form's. S as in activation.h.
+  struct FloatErrors {
+    double value = 0, value4 = 0, grad = 0;
+    int differ = 0, other = 0;
+  };
+  auto float_errors = []<class S>(Activation a, int lim) {
+    FloatErrors r;
+    for (int i = -lim; i <= lim; i += 7) {
       const float x = static_cast<float>(i) * 1e-4f;
-      const double vd = act_math::value(double(x), Activation::gelu_erf);
-      const double gd = act_math::grad(double(x), Activation::gelu_erf);
-      const float vf = act_math::value(x, Activation::gelu_erf);
-      const float gf = act_math::grad(x, Activation::gelu_erf);
+      const double vd = act_math::value(double(x), a), gd = act_math::grad(double(x), a);
+      const float vf = act_math::value<S>(x, a), gf = act_math::grad<S>(x, a);
       float v2 = 0, g2 = 0;
-      act_math::value_grad(x, Activation::gelu_erf, v2, g2);
-      differ += (v2 != vf) + (g2 != gf);
+      act_math::value_grad<S>(x, a, v2, g2);
+      r.differ += (v2 != vf) + (g2 != gf);
+      r.other += vf != act_math::value(x, a);
       if (std::abs(vd) > 1e-30) {
         const double e = std::abs(vf - vd) / std::abs(vd);
-        err_v = std::max(err_v, e);
-        if (std::abs(x) <= 4.0f) err_v4 = std::max(err_v4, e);
+        r.value = std::max(r.value, e);
+        if (std::abs(x) <= 4.0f) r.value4 = std::max(r.value4, e);
       }
-      err_g = std::max(err_g, std::abs(gf - gd) / std::max(std::abs(gd), 1e-2));
+      r.grad = std::max(r.grad, std::abs(gf - gd) / std::max(std::abs(gd), 1e-2));
     }
-    CHECK(differ == 0);
-    CHECK(err_v4 < 3e-6);  // measured 1.6e-6; 0.5·x·(1 + erff) has 4.6e-4 here
-    CHECK(err_v < 3e-5);   // down to x ≈ -11.5 (|gelu| > 1e-30): exp(-x²/2) of a rounded x²
-    CHECK(err_g < 2e-5);
+    return r;
+  };
+  {  // gelu_erf (Note [erfc GELU])
+    const FloatErrors e = float_errors.operator()<void>(Activation::gelu_erf, 140000);
+    CHECK(e.differ == 0);
+    CHECK(e.value4 < 3e-6);  // measured 1.6e-6; 0.5·x·(1 + erff) has 4.6e-4 here
+    CHECK(e.value < 3e-5);   // down to x ≈ -11.5 (|gelu| > 1e-30): exp(-x²/2) of a rounded x²
+    CHECK(e.grad < 2e-5);
   }
-  // The same for 16-bit storage (Note [erfc GELU for 16-bit outputs]; any 2-byte S selects
-  // it): errors far under half a bf16 or f16 ulp (2^-9, 2^-12 near 1), value_grad equal to
-  // value and grad bit for bit, and a form of its own (it differs from the degree-9 one).
-  {
-    double err_v = 0, err_g = 0;
-    int differ = 0, other = 0;
-    for (int i = -120000; i <= 120000; i += 7) {
-      const float x = static_cast<float>(i) * 1e-4f;
-      const double vd = act_math::value(double(x), Activation::gelu_erf);
-      const double gd = act_math::grad(double(x), Activation::gelu_erf);
-      const float vf = act_math::value<uint16_t>(x, Activation::gelu_erf);
-      const float gf = act_math::grad<uint16_t>(x, Activation::gelu_erf);
-      float v2 = 0, g2 = 0;
-      act_math::value_grad<uint16_t>(x, Activation::gelu_erf, v2, g2);
-      differ += (v2 != vf) + (g2 != gf);
-      other += vf != act_math::value(x, Activation::gelu_erf);
-      if (std::abs(vd) > 1e-30) err_v = std::max(err_v, std::abs(vf - vd) / std::abs(vd));
-      err_g = std::max(err_g, std::abs(gf - gd) / std::max(std::abs(gd), 1e-2));
-    }
-    INFO("short erfc: value ", err_v, ", derivative ", err_g);
-    CHECK(differ == 0);
-    CHECK(other > 0);
-    CHECK(err_v < 3e-5);  // measured 1.2e-5 (session 25's t·2^(P' − s²) form: 3.4e-5)
-    CHECK(err_g < 2e-4);  // 7.4e-5 near g's zero (x ≈ -0.75), over 0.01 (that form: 6.1e-4)
+  {  // gelu_erf for 16-bit storage (Note [erfc GELU for 16-bit outputs]; any 2-byte S selects
+     // it): errors far under half a bf16 or f16 ulp (2^-9, 2^-12 near 1), and a form of its
+     // own (it differs from the degree-9 one)
+    const FloatErrors e = float_errors.operator()<uint16_t>(Activation::gelu_erf, 120000);
+    INFO("short erfc: value ", e.value, ", derivative ", e.grad);
+    CHECK(e.differ == 0);
+    CHECK(e.other > 0);
+    CHECK(e.value < 3e-5);  // measured 1.2e-5 (session 25's t·2^(P' − s²) form: 3.4e-5)
+    CHECK(e.grad < 2e-4);   // 7.4e-5 near g's zero (x ≈ -0.75), over 0.01 (that form: 6.1e-4)
   }
-  // float gelu_tanh (Note [tanh GELU in base 2]) against double: the value's relative error,
-  // the derivative against max(|g|, 0.01), value_grad bit for bit value and grad.
-  {
-    double err_v = 0, err_g = 0;
-    int differ = 0;
-    for (int i = -140000; i <= 140000; i += 7) {
-      const float x = static_cast<float>(i) * 1e-4f;
-      const double vd = act_math::value(double(x), Activation::gelu_tanh);
-      const double gd = act_math::grad(double(x), Activation::gelu_tanh);
-      const float vf = act_math::value(x, Activation::gelu_tanh);
-      const float gf = act_math::grad(x, Activation::gelu_tanh);
-      float v2 = 0, g2 = 0;
-      act_math::value_grad(x, Activation::gelu_tanh, v2, g2);
-      differ += (v2 != vf) + (g2 != gf);
-      if (std::abs(vd) > 1e-30) err_v = std::max(err_v, std::abs(vf - vd) / std::abs(vd));
-      err_g = std::max(err_g, std::abs(gf - gd) / std::max(std::abs(gd), 1e-2));
-    }
-    INFO("tanh GELU: value ", err_v, ", derivative ", err_g);
-    CHECK(differ == 0);
-    CHECK(err_v < 3e-5);  // measured 1.1e-5 (x near -14: exp's argument ~ -300, rounded)
-    CHECK(err_g < 1e-5);  // measured 2.4e-6
+  {  // gelu_tanh (Note [tanh GELU in base 2])
+    const FloatErrors e = float_errors.operator()<void>(Activation::gelu_tanh, 140000);
+    INFO("tanh GELU: value ", e.value, ", derivative ", e.grad);
+    CHECK(e.differ == 0);
+    CHECK(e.value < 3e-5);  // measured 1.1e-5 (x near -14: exp's argument ~ -300, rounded)
+    CHECK(e.grad < 1e-5);   // measured 2.4e-6
   }
   CHECK(parse_activation("gelu") == Activation::gelu_erf);
   CHECK_THROWS_WITH_AS(parse_activation("relu6"), doctest::Contains("unknown activation 'relu6'"),
