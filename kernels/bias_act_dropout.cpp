@@ -83,8 +83,8 @@ constexpr cuda::Sm90Schedule kActSchedule = cuda::Sm90Schedule::act_warpgroups;
 // with dropout they run from K = 768 (kActDropoutMinK). At K = 4096 the forward measured faster as
 // GEMM + kernel, but the whole ffn_d4096 step with that forward did not (session 38, call 2,
 // alternated twice: 10.57, 10.46 ms against 10.47, 10.41 with the fused one), so it stays
-// fused. Moving the draws onto the producer's idle warps did not help (bench/RESULTS.md,
-// session 38).
+// fused. Moving the draws onto the producer's idle warps did not help
+// (bench/RESULTS-2026-11-28-s35-38.md, session 38).
 bool act_fused_here(const Tensor& a, const DropoutSpec& d) {
   return a.size(1) >= (d.active() ? kActDropoutMinK : kActMinK);
 }

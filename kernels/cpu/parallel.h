@@ -7,8 +7,8 @@
 // a team costs more than a small loop. On a 16-core H100 host, test_layers' FFN
 // finite-difference case (thousands of small forwards) took over 100 s with a full team for
 // every loop, over 60 s with a thread per 512 elements and 23.7 s with one per 4096; on a
-// 2-core machine 9–10 s before, 11.6–11.9 s now (bench/RESULTS.md session 35). Eigen likewise
-// keeps small products on one thread.
+// 2-core machine 9–10 s before, 11.6–11.9 s now (bench/RESULTS-2026-11-28-s35-38.md,
+// session 35). Eigen likewise keeps small products on one thread.
 #pragma once
 
 #include <cstdint>

@@ -287,7 +287,8 @@ struct Mainloop {
   // ffn_d1024's forward 0.269/0.269 -> 0.257/0.261; geglu_d1024's 0.540/0.543 -> 0.522/0.518;
   // ffn_d4096's 1.96/1.95 -> 1.92/1.93. Less than the idle time predicted (the producer kept
   // loading during the pause), and a sixth ring stage gained nothing on top (session 33,
-  // bench/RESULTS.md), so neither the boundary nor the ring's depth bounds that forward now.
+  // bench/RESULTS-2026-11-27-s33-34.md), so neither the boundary nor the ring's depth bounds
+  // that forward now.
   // next_kbs(j): tile j's k-blocks, or -1 once there is none (called once per j, in order, as
   // a unit ring's reader must); stage(j, h, acc): stage half h of tile j (h = 0 first).
   template <int R, class NextKbs, class StageHalf>
