@@ -88,7 +88,12 @@ namespace ffn::cuda::gemm {
 // + 7 with col % 8 == 0, i.e. one Philox block (Note [Dropout RNG]), drawn where the chunk is
 // computed and kept as 8 bits; forward hd = act(z + b)·f, backward dz = (dhd·f)·act'(z + b) and
 // hd = act(z + b)·f, bias_act_dropout's products in its order, so the same bits; without
-// dropout the kernel runs a copy of the loop with neither the draws nor the products.
+// dropout the kernel runs a copy of the loop with neither the draws nor the products. The
+// forward's draws made instead by warps 1-3 of the producer's warpgroup (idle but for thread
+// 0), a box ahead, handed over as one 32-bit word a thread, measured 2-14% slower in every
+// split tried (session 45, bench/RESULTS.md: ffn_d1024's fc1 0.295 -> 0.301-0.345 ms with p =
+// 0.1): three warps, one on each of three sub-partitions, draw a tile's 2048 Philox blocks
+// slower than the eight activation warps do beside their arithmetic.
 // db: each tile's column sums of the rounded dz over its 128 rows go to a [tiles_m, n] fp32
 // workspace in a fixed order (a thread's 8 rows of the two row boxes, lanes ^8 and ^16, then
 // warps 0, 1, 2, 3), and reduce_partials (Note
