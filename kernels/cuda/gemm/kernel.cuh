@@ -213,6 +213,9 @@ __global__ void __launch_bounds__(512, 1)
     regs_alloc<232>();
     const int wg_thread = threadIdx.x % 128;
     float acc0[64], acc1[64];
+    // Tile 0's start (each later tile's is marked where the one before it is staged); trace.cuh
+    // counts a CTA's tiles from it.
+    if (wg_thread == 0) trace::mark(0, 0);
     // Note [Overlapped tile boundary]: the halves are staged between the next tile's MMAs.
     ml.consume_overlapped(
         acc0, acc1,
