@@ -67,11 +67,14 @@ inline void summarize(const std::vector<unsigned long long>& v, const char* what
     auto at = [&](int j, int s) {
       return static_cast<double>(v[(static_cast<size_t>(b) * kTiles + j) * kSlots + s]);
     };
+    // A CTA's tiles: those whose first half was staged (slot 1). Slot 0 also holds a mark for
+    // the tile after the last (each tile's start is marked when the one before it is staged),
+    // and slot 7 none in the GLU kernels, whose loops carry no marks.
     int n = 0;
-    while (n < kTiles && at(n, 0) != 0) ++n;
+    while (n < kTiles && at(n, 1) != 0) ++n;
     tiles_max = std::max(tiles_max, n);
     if (n < 4) continue;
-    kernel.add(at(n - 1, 7) - at(0, 0));
+    kernel.add(at(n - 1, 3) - at(0, 0));  // tile 0's start to the last tile staged
     for (int j = 1; j + 2 < n; ++j) {
       period.add(at(j + 1, 0) - at(j, 0));
       main_.add(at(j, 1) - at(j, 0));
