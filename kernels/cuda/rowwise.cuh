@@ -105,6 +105,16 @@ struct DeviceMask {
     return shift ? offset + __ldg(reinterpret_cast<const unsigned long long*>(shift)) : offset;
   }
 
+  // This mask with the shift added once (Note [CUDA graph step]): a kernel that draws many
+  // blocks takes it before its loops, so factors() reads no shift per block there (where
+  // off() is called inside a loop, ptxas may keep its load there).
+  __device__ __forceinline__ DeviceMask resolved() const {
+    DeviceMask m = *this;
+    m.offset = off();
+    m.shift = nullptr;
+    return m;
+  }
+
   template <int VEC, class A>
   __device__ __forceinline__ void factors(int64_t i0, A (&f)[VEC]) const {
     static_assert(8 % VEC == 0, "a vector must not straddle two Philox blocks");

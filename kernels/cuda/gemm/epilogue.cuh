@@ -338,6 +338,7 @@ struct BiasActDropout {
     const int c = 8 * (t.wg_thread % kRuns), r0 = t.wg_thread / kRuns;
     const int col = t.cols + c;
     if (col >= n) return;
+    const DeviceMask mk = mask.resolved();  // the shift read once a tile, not once a run
     if (col + 8 <= n && n % 8 == 0) {  // aligned 16-byte runs, one Philox block each
       float bv[8];
       if (bias) {
@@ -353,24 +354,25 @@ struct BiasActDropout {
       for (int i = 0; i < ROWS / kRowStep; ++i) {
         const int r = r0 + i * kRowStep;
         if (t.rows + r < m)
-          run8<A>(st + r * P + c, static_cast<int64_t>(t.rows + r) * n + col, bv);
+          run8<A>(st + r * P + c, static_cast<int64_t>(t.rows + r) * n + col, bv, mk);
       }
       return;
     }
 #pragma unroll 1
     for (int r = r0; r < ROWS && t.rows + r < m; r += kRowStep)
-      ragged(st + r * P + c, t.rows + r, col);
+      ragged(st + r * P + c, t.rows + r, col, mk);
   }
 
   // Eight consecutive outputs of one row starting at element i0, z8 their rounded GEMM
-  // values in shared memory, bv their biases.
+  // values in shared memory, bv their biases, mk the mask resolved (walk_as).
   template <Activation A>
-  __device__ __forceinline__ void run8(const T* z8, int64_t i0, const float (&bv)[8]) const {
+  __device__ __forceinline__ void run8(const T* z8, int64_t i0, const float (&bv)[8],
+                                       const DeviceMask& mk) const {
     const uint4 zraw = *reinterpret_cast<const uint4*>(z8);
     const T* zt = reinterpret_cast<const T*>(&zraw);
     if (z) *reinterpret_cast<uint4*>(z + i0) = zraw;
     float f[8];
-    mask.factors<8>(i0, f);
+    mk.factors<8>(i0, f);
     uint4 out;
     T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
@@ -381,15 +383,16 @@ struct BiasActDropout {
 
   // A run at the ragged right edge (or of a row length that is not a multiple of 8):
   // element by element.
-  __device__ __forceinline__ void ragged(const T* z8, int row, int col) const {
+  __device__ __forceinline__ void ragged(const T* z8, int row, int col,
+                                         const DeviceMask& mk) const {
     const int64_t i0 = static_cast<int64_t>(row) * n + col;
     for (int j = 0; j < 8 && col + j < n; ++j) {
       const uint64_t u = static_cast<uint64_t>(i0 + j);
       if (z) z[i0 + j] = z8[j];
       const float b = bias ? to_acc(bias[col + j]) : 0.0f;
       float g = 1.0f;
-      if (mask.active)
-        g = draw_of(philox_block(mask.keys, mask.off(), u >> 3), u) >= mask.thr ? mask.scale : 0.0f;
+      if (mk.active)
+        g = draw_of(philox_block(mk.keys, mk.offset, u >> 3), u) >= mk.thr ? mk.scale : 0.0f;
       hd[i0 + j] = from_acc<T>(act_math::value<T>(to_acc(z8[j]) + b, act) * g);
     }
   }

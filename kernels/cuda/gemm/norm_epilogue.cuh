@@ -139,6 +139,7 @@ struct AddNormEpi {
     const int tn = t.cols / BN;
     const int cnt = min(BN, n - t.cols);  // this tile's columns (n % 8 == 0)
     const bool in_cols = run < kRuns && col < n;
+    const DeviceMask mk = mask.resolved();  // the shift read once, not once a run
 #pragma unroll 1
     for (int r0 = RP * warp + lane / L; r0 < 64; r0 += kStep * kBatch) {
       float av[kBatch][8];
@@ -150,7 +151,7 @@ struct AddNormEpi {
           float hv[8], f[8];
           load_vec<8>(st + rr * P + 8 * run, hv);
           load_vec<8>(res + i0, av[j]);
-          mask.factors<8>(i0, f);
+          mk.factors<8>(i0, f);
 #pragma unroll
           for (int e = 0; e < 8; ++e) av[j][e] = add_rn(av[j][e], mul_rn(hv[e], f[e]));
           store_vec<8>(a + i0, av[j]);
