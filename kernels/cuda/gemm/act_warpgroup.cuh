@@ -94,6 +94,12 @@ namespace ffn::cuda::gemm {
 // split tried (session 45, bench/RESULTS.md: ffn_d1024's fc1 0.295 -> 0.301-0.345 ms with p =
 // 0.1): three warps, one on each of three sub-partitions, draw a tile's 2048 Philox blocks
 // slower than the eight activation warps do beside their arithmetic.
+// That arithmetic is not hidden behind the MMAs at any K: it slows the consumer's mainloop
+// itself (per-tile trace, session 46, bench/RESULTS.md). With the activation warps only taking
+// and returning tiles, ffn_d4096's fc1 mainloop takes 32.9k cycles a tile in either direction;
+// with their work 33.9k forward and 37.2k backward (41.0k with p = 0.1), though they idle most
+// of the tile, while the backward without its z loads and hd stores is within 1.3%. Fewer
+// instructions an element is what shortens these kernels, not other warps or memory paths.
 // db: each tile's column sums of the rounded dz over its 128 rows go to a [tiles_m, n] fp32
 // workspace in a fixed order (a thread's 8 rows of the two row boxes, lanes ^8 and ^16, then
 // warps 0, 1, 2, 3), and reduce_partials (Note
