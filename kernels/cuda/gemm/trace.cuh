@@ -6,8 +6,10 @@
 // and prints one line to stderr after it (report): the consumer's period split into mainloop, wait
 // for a free staging buffer and staging, the activation warpgroups' into wait, release and work
 // (the plain kernels' only: the GLU's loops carry no marks). Session 31 found Note [Operand
-// multicast] this way: put `#define FFN_GEMM_TRACE 1` first in sm90_gemm_act.cu, build
-// ffn-bench, run `FFN_GEMM_TRACE_EVERY=20 ffn-bench --act-epilogues --window-ms 0`.
+// multicast] this way: put `#define FFN_GEMM_TRACE 1` first in sm90_gemm_act.cu (or compile
+// that file alone with -DFFN_GEMM_TRACE=1 and relink), build ffn-bench, run
+// `FFN_GEMM_TRACE_EVERY=20 ffn-bench --act-epilogues --window-ms 0`; session 46 split the
+// activation kernels' mainloop cycles this way (bench/RESULTS.md).
 #pragma once
 
 #include <cstdint>
