@@ -107,6 +107,55 @@ FFN_HD U32x4 philox_block(const PhiloxKeys& keys, uint64_t offset, uint64_t bloc
                        keys);
 }
 
+// Note [Philox prefix]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Two of a block's 20 products depend only on the keys, the offset and the block index's
+// high word: round 0 multiplies counter word 2 (lo(offset)) and round 1 multiplies the word
+// round 0 built from that product, hi(block) and k0[0]. A kernel that draws many blocks of
+// one stream computes them once (philox_prefix) and each block from there (philox_block with
+// the prefix): the same four words, 18 products a block. On Hopper the products are what
+// costs in the GEMMs whose activation warps draw the mask: their IMAD.WIDEs slow the
+// consumer's tensor-core mainloop (Note [Activation warpgroup]). Blocks whose index has a
+// nonzero high word (from 2^35 elements) redo round 1's product for that word.
+struct PhiloxPrefix {
+  uint32_t p;   // hi(offset) ^ k1[0]: xored into round 0's first product's high half
+  uint32_t q;   // lo(M1 · lo(offset)) ^ k0[1]: round 1's word 0 is hi(product) ^ q
+  uint32_t r;   // hi(M0 · u0) ^ k1[1], for hi(block) = 0
+  uint32_t s;   // lo(M0 · u0), for hi(block) = 0
+  uint32_t u0;  // hi(M1 · lo(offset)) ^ k0[0]: round 0's word 0 is u0 ^ hi(block)
+};
+
+FFN_HD PhiloxPrefix philox_prefix(const PhiloxKeys& k, uint64_t offset) {
+  uint32_t hi1, lo1, hi0, lo0;
+  mulhilo32(0xCD9E8D57u, static_cast<uint32_t>(offset), hi1, lo1);
+  const uint32_t u0 = hi1 ^ k.k0[0];
+  mulhilo32(0xD2511F53u, u0, hi0, lo0);
+  return {static_cast<uint32_t>(offset >> 32) ^ k.k1[0], lo1 ^ k.k0[1], hi0 ^ k.k1[1], lo0, u0};
+}
+
+// philox_block(keys, offset, block) with pre = philox_prefix(keys, offset).
+FFN_HD U32x4 philox_block(const PhiloxKeys& k, const PhiloxPrefix& pre, uint64_t block) {
+  uint32_t hi0, lo0, hi1, lo1, r = pre.r, s = pre.s;
+  const uint32_t bhi = static_cast<uint32_t>(block >> 32);
+  if (bhi != 0) {  // round 1's first product for this high word
+    mulhilo32(0xD2511F53u, pre.u0 ^ bhi, hi0, lo0);
+    r = hi0 ^ k.k1[1];
+    s = lo0;
+  }
+  mulhilo32(0xD2511F53u, static_cast<uint32_t>(block), hi0, lo0);  // round 0
+  mulhilo32(0xCD9E8D57u, hi0 ^ pre.p, hi1, lo1);                   // round 1
+  U32x4 c{{hi1 ^ pre.q, lo1, r ^ lo0, s}};
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 2; round < 10; ++round) {
+    mulhilo32(0xD2511F53u, c.v[0], hi0, lo0);
+    mulhilo32(0xCD9E8D57u, c.v[2], hi1, lo1);
+    c = U32x4{{hi1 ^ c.v[1] ^ k.k0[round], lo1, hi0 ^ c.v[3] ^ k.k1[round], lo0}};
+  }
+  return c;
+}
+
 // The 16-bit draw of element i from its block's words (Note [Dropout RNG]).
 FFN_HD uint32_t mask_draw(const U32x4& r, uint64_t i) {
   return (r.v[(i & 7) >> 1] >> (16 * (i & 1))) & 0xffffu;

@@ -200,9 +200,10 @@ struct ActWarpgroup {
     }
   }
 
-  // Bit e set when element i0 + e is kept (i0 % 8 == 0: one Philox block, Note [Dropout RNG]).
-  __device__ __forceinline__ uint32_t keep_bits(int64_t i0) const {
-    const U32x4 r = philox_block(mask.keys, mask.off(), static_cast<uint64_t>(i0) >> 3);
+  // Bit e set when element i0 + e is kept (i0 % 8 == 0: one Philox block, Note [Dropout RNG]);
+  // pre = philox_prefix(mask.keys, mask.off()), taken once a kernel (Note [Philox prefix]).
+  __device__ __forceinline__ uint32_t keep_bits(const PhiloxPrefix& pre, int64_t i0) const {
+    const U32x4 r = philox_block(mask.keys, pre, static_cast<uint64_t>(i0) >> 3);
     uint32_t keep = 0;
 #pragma unroll
     for (int e = 0; e < 8; ++e)
@@ -231,21 +232,23 @@ struct ActWarpgroup {
   // compiled copies of the loop, so a call without it runs no extra instruction.
   __device__ void run(int c, const Shared& sh, const TileScheduler& sched, const CUtensorMap* out1,
                       const CUtensorMap* out2) const {
+    PhiloxPrefix pre{};
+    if (mask.active) pre = philox_prefix(mask.keys, mask.off());
     if constexpr (kGlu && kBackward) {
       if (mask.active)
-        run_glu_backward<true>(c, sh, sched);
+        run_glu_backward<true>(c, sh, sched, pre);
       else
-        run_glu_backward<false>(c, sh, sched);
+        run_glu_backward<false>(c, sh, sched, pre);
     } else if constexpr (kGlu) {
       if (mask.active)
-        run_glu<true>(c, sh, sched, out1, out2);
+        run_glu<true>(c, sh, sched, out1, out2, pre);
       else
-        run_glu<false>(c, sh, sched, out1, out2);
+        run_glu<false>(c, sh, sched, out1, out2, pre);
     } else {
       if (mask.active)
-        run_as<true>(c, sh, sched, out1, out2);
+        run_as<true>(c, sh, sched, out1, out2, pre);
       else
-        run_as<false>(c, sh, sched, out1, out2);
+        run_as<false>(c, sh, sched, out1, out2, pre);
     }
   }
 
@@ -266,7 +269,8 @@ struct ActWarpgroup {
   template <bool kDrop>
   __device__ __forceinline__ void run_glu(int c, const Shared& sh, const TileScheduler& sched,
                                           const CUtensorMap* zmap,
-                                          const CUtensorMap* outmap) const {
+                                          const CUtensorMap* outmap,
+                                          const PhiloxPrefix& pre) const {
     using SH = Shared;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of the box
@@ -301,7 +305,7 @@ struct ActWarpgroup {
         const uint32_t* g = reinterpret_cast<const uint32_t*>(&graw);
         uint32_t* out = reinterpret_cast<uint32_t*>(&o[i]);
         uint32_t keep = 0;
-        if constexpr (kDrop) keep = keep_bits(static_cast<int64_t>(row + r) * n + col + 8 * ch);
+        if constexpr (kDrop) keep = keep_bits(pre, static_cast<int64_t>(row + r) * n + col + 8 * ch);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           float f2[2];
@@ -351,7 +355,8 @@ struct ActWarpgroup {
   // cache hints measured no better.
   template <bool kDrop>
   __device__ __forceinline__ void run_glu_backward(int c, const Shared& sh,
-                                                   const TileScheduler& sched) const {
+                                                   const TileScheduler& sched,
+                                                   const PhiloxPrefix& pre) const {
     using SH = Shared;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
@@ -410,7 +415,7 @@ struct ActWarpgroup {
         uint32_t* pg = reinterpret_cast<uint32_t*>(&og);
         uint32_t* ph = reinterpret_cast<uint32_t*>(&oh);
         uint32_t keep = 0;
-        if constexpr (kDrop) keep = keep_bits(static_cast<int64_t>(row) * n + col + 8 * ch);
+        if constexpr (kDrop) keep = keep_bits(pre, static_cast<int64_t>(row) * n + col + 8 * ch);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // element pairs: one packed rounding per output pair
           float fv[2], fg[2], fh[2];
@@ -515,7 +520,8 @@ struct ActWarpgroup {
   }
   template <bool kDrop>
   __device__ __forceinline__ void run_as(int c, const Shared& sh, const TileScheduler& sched,
-                                         const CUtensorMap* out1, const CUtensorMap* out2) const {
+                                         const CUtensorMap* out1, const CUtensorMap* out2,
+                                         const PhiloxPrefix& pre) const {
     using SH = Shared;
     const int t = threadIdx.x % 128;
     const int ch = t % 8, r0 = t / 8;  // chunk ch of rows r0 + 16i of each box
@@ -589,7 +595,7 @@ struct ActWarpgroup {
           // f16 backward spill more); the factor is scale or 0, as DeviceMask::factors has it.
           uint32_t keep = 0;
           if constexpr (kDrop)
-            keep = keep_bits(static_cast<int64_t>(rows + 64 * rb + r) * n + col + 8 * ch);
+            keep = keep_bits(pre, static_cast<int64_t>(rows + 64 * rb + r) * n + col + 8 * ch);
           if constexpr (kBackward) {
             const uint4 zraw = zc[i];
             if (znext) {
