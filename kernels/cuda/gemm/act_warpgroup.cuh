@@ -100,6 +100,13 @@ namespace ffn::cuda::gemm {
 // with their work 33.9k forward and 37.2k backward (41.0k with p = 0.1), though they idle most
 // of the tile, while the backward without its z loads and hd stores is within 1.3%. Fewer
 // instructions an element is what shortens these kernels, not other warps or memory paths.
+// Not all instructions alike: Philox's 32×32→64 products (IMAD.WIDE) are most of what the
+// dropout costs the mainloop (session 47, bench/RESULTS.md). With them replaced by as many
+// shifts, xors and adds (a diagnostic with wrong bits) ffn_d1024's fc1 forward at p = 0.1 took
+// 10.9k cycles a tile instead of 13.1k (9.5k without dropout), though ncu shows the FMA-heavy
+// pipe they issue to 19% busy. The same products on the FP64 pipe (two exact DFMAs each) ran
+// 19% slower, and as IMAD.HI + IMAD 2% slower; what helped is fewer of them: 18 a block, not 20
+// (Note [Philox prefix]: 0-5% on the dropout kernels).
 // db: each tile's column sums of the rounded dz over its 128 rows go to a [tiles_m, n] fp32
 // workspace in a fixed order (a thread's 8 rows of the two row boxes, lanes ^8 and ^16, then
 // warps 0, 1, 2, 3), and reduce_partials (Note
@@ -268,8 +275,7 @@ struct ActWarpgroup {
   // GEMM followed by bias_glu_dropout.
   template <bool kDrop>
   __device__ __forceinline__ void run_glu(int c, const Shared& sh, const TileScheduler& sched,
-                                          const CUtensorMap* zmap,
-                                          const CUtensorMap* outmap,
+                                          const CUtensorMap* zmap, const CUtensorMap* outmap,
                                           const PhiloxPrefix& pre) const {
     using SH = Shared;
     const int t = threadIdx.x % 128;
@@ -305,7 +311,8 @@ struct ActWarpgroup {
         const uint32_t* g = reinterpret_cast<const uint32_t*>(&graw);
         uint32_t* out = reinterpret_cast<uint32_t*>(&o[i]);
         uint32_t keep = 0;
-        if constexpr (kDrop) keep = keep_bits(pre, static_cast<int64_t>(row + r) * n + col + 8 * ch);
+        if constexpr (kDrop)
+          keep = keep_bits(pre, static_cast<int64_t>(row + r) * n + col + 8 * ch);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           float f2[2];
