@@ -81,18 +81,25 @@ struct PhiloxKeys {
   }
 };
 
-// Same function as philox4x32_10 with the key schedule given.
-FFN_HD U32x4 philox4x32_10(U32x4 c, const PhiloxKeys& k) {
+// Rounds kFirst..9 of philox4x32_10 with the key schedule given (kFirst > 0: Note [Philox
+// prefix]).
+template <int kFirst>
+FFN_HD U32x4 philox_rounds(U32x4 c, const PhiloxKeys& k) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-  for (int round = 0; round < 10; ++round) {
+  for (int round = kFirst; round < 10; ++round) {
     uint32_t hi0, lo0, hi1, lo1;
     mulhilo32(0xD2511F53u, c.v[0], hi0, lo0);
     mulhilo32(0xCD9E8D57u, c.v[2], hi1, lo1);
     c = U32x4{{hi1 ^ c.v[1] ^ k.k0[round], lo1, hi0 ^ c.v[3] ^ k.k1[round], lo0}};
   }
   return c;
+}
+
+// Same function as philox4x32_10 with the key schedule given.
+FFN_HD U32x4 philox4x32_10(U32x4 c, const PhiloxKeys& k) {
+  return philox_rounds<0>(c, k);
 }
 
 // The four random words of block `block` of stream (seed, offset).
@@ -144,16 +151,7 @@ FFN_HD U32x4 philox_block(const PhiloxKeys& k, const PhiloxPrefix& pre, uint64_t
   }
   mulhilo32(0xD2511F53u, static_cast<uint32_t>(block), hi0, lo0);  // round 0
   mulhilo32(0xCD9E8D57u, hi0 ^ pre.p, hi1, lo1);                   // round 1
-  U32x4 c{{hi1 ^ pre.q, lo1, r ^ lo0, s}};
-#if defined(__CUDA_ARCH__)
-#pragma unroll
-#endif
-  for (int round = 2; round < 10; ++round) {
-    mulhilo32(0xD2511F53u, c.v[0], hi0, lo0);
-    mulhilo32(0xCD9E8D57u, c.v[2], hi1, lo1);
-    c = U32x4{{hi1 ^ c.v[1] ^ k.k0[round], lo1, hi0 ^ c.v[3] ^ k.k1[round], lo0}};
-  }
-  return c;
+  return philox_rounds<2>(U32x4{{hi1 ^ pre.q, lo1, r ^ lo0, s}}, k);
 }
 
 // The 16-bit draw of element i from its block's words (Note [Dropout RNG]).
