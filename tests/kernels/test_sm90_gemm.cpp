@@ -229,6 +229,46 @@ FFN_GPU_TEST("sm90 GEMM in 192-column tiles: layouts, stores, splits, clusters")
     }
 }
 
+// The cooperative kernel at several tiles a CTA (64 tile rows, the last partial, × 4-8 column
+// tiles on at most 132 SMs) of 1, 2 and 3 k-blocks each, so that each tile's epilogue closely
+// follows the one before: its two TMA-store buffers alternate across tiles (TileCtx::sub; at
+// BN = 192 a tile has three subtiles). The three tile widths, TMA and register stores,
+// split-K, both B layouts, the last column tile partial (N = 1000). Against the CPU
+// reference, and two runs bitwise equal.
+FFN_GPU_TEST("sm90 GEMM cooperative: several short tiles a CTA") {
+  Generator g(89);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  const int64_t m = 8100, n = 1000;
+  for (int64_t k : {64, 128, 136})
+    for (bool tb : {true, false}) {
+      const Bf16Product p = bf16_product(m, n, k, false, tb, g);
+      for (int tile_n : {256, 192, 128})
+        for (bool tma : {true, false})
+          for (int splits : {1, 2}) {
+            if (splits == 2 && (k == 64 || !tma)) continue;
+            const cuda::Sm90GemmArgs args{.trans_b = tb,
+                                          .bias = p.bias,
+                                          .schedule = cuda::Sm90Schedule::cooperative,
+                                          .tma_store = tma,
+                                          .splits = splits,
+                                          .tile_n = tile_n};
+            Tensor out = Tensor::full({m, n}, NAN, DType::bf16, kGpu), again = out.clone();
+            cuda::sm90_gemm(p.a, p.b, out, args);
+            cuda::sm90_gemm(p.a, p.b, again, args);
+            const std::string what = std::string("sm90 gemm cooperative ") +
+                                     layout_name(false, tb) + " k" + std::to_string(k) + " BN " +
+                                     std::to_string(tile_n) + " splits " + std::to_string(splits) +
+                                     (tma ? " tma-store" : " register-store");
+            check_against_reference(out, p.ref, p.naive, DType::bf16, what,
+                                    {.reduce_len = static_cast<double>(k), .term_bound = 1.0});
+            CHECK_MESSAGE(equal_and_written(out, again), what, ": two runs differ");
+          }
+    }
+}
+
 FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs are bitwise equal") {
   Generator g(73);
   if (!sm90_here()) {

@@ -38,6 +38,11 @@ struct TileCtx {
   const CUtensorMap* c_map;  // C as 64×64 boxes with 128-byte swizzling (StoreCTma)
   const CUtensorMap* c2_map;  // a second output of the same shape (ActTma), or unused
   int split = 0;             // the unit's part of K (StorePartial; Note [Split-K])
+  // StoreCTma: the 64-column subtiles the warpgroup stored before this block, so that its two
+  // buffers keep alternating across blocks of an odd number of subtiles (BN = 192: with each
+  // tile starting at buffer 0, a tile's first subtile was written into the buffer its
+  // predecessor's last store might still be reading).
+  int sub = 0;
 
   // Consumer warpgroup c's context (the CTA's warpgroup c + 1; warpgroup 0 produces): its
   // thread index, named barrier 1 + c and its part of the scratch, kScratch bytes a warpgroup.
@@ -173,11 +178,12 @@ struct StorePartial {
 // Note [TMA store epilogue]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // A warpgroup's block leaves in 64-row × 64-column subtiles through two 8 KiB shared-memory
-// buffers, used in turn: thread 0 of the warpgroup waits until the TMA store that last read
-// the buffer has finished reading (at most one other store in flight), the warpgroup writes
-// the subtile into it in TMA's 128-byte swizzle with stmatrix (Note [Staging with stmatrix]),
-// fences its writes for the async proxy, syncs, and thread 0 issues the store. The store
-// clips rows and columns outside C. The kernel waits for all stores before it exits
+// buffers, used in turn (across blocks too, TileCtx::sub): thread 0 of the warpgroup waits
+// until the TMA store that last read the buffer has finished reading (at most one other store
+// in flight), the warpgroup writes the subtile into it in TMA's 128-byte swizzle with stmatrix
+// (Note [Staging with stmatrix]), fences its writes for the async proxy, syncs, and thread 0
+// issues the store. The store clips rows and columns outside C. The kernel waits for all
+// stores before it exits
 // (epilogue_drain). The warpgroup does not wait for the global writes, so its next tile's
 // MMAs start at once.
 // The rotation StoreCTma<T, true> applies: columns [0, cols) of C are heads of 64 whose
@@ -202,7 +208,7 @@ struct StoreCTma {
     const int lane = t.wg_thread % 32, r = 16 * (t.wg_thread / 32) + lane / 4;
 #pragma unroll
     for (int q = 0; q < R / 32; ++q) {  // 64-column subtiles: R / 32 = BN / 64
-      uint8_t* buf = t.scratch + (q & 1) * (64 * 64 * 2);
+      uint8_t* buf = t.scratch + ((t.sub + q) & 1) * (64 * 64 * 2);
       if (t.wg_thread == 0) tma_store_wait_read<1>();
       named_barrier_sync(t.barrier, 128);
       float v[32];  // the subtile's values: v[4j + e] row r, v[4j + 2 + e] row r + 8

@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(384, 1)
     ctx.split = w.split;
     ctx.place(w.tm * ML::BM + 64 * c, w.tn * BN);
     epi.tile(acc, ctx);
+    ctx.sub += BN / 64;
   }
   epilogue_drain(ctx);
   if constexpr (kCluster == 2) cluster_sync();
