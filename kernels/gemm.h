@@ -129,10 +129,11 @@ bool gemm_epilogues();
 void set_gemm_dynamic_order(bool on);
 bool gemm_dynamic_order();
 
-// Whether the own Hopper GEMM runs as clusters of two CTAs that share the A operand's tiles by
-// TMA multicast (Note [Operand multicast] in kernels/cuda/gemm/mainloop.cuh): the plain kernels
-// wherever A is K-major and the column tiles pair up, the activation kernels in the static
-// order where act_multicast (kernel.cuh) says. On by default; FFN_GEMM_MULTICAST=0 turns it
+// Whether the own Hopper GEMM runs as clusters of two CTAs that share an operand's tiles by
+// TMA multicast (Note [Operand multicast] in kernels/cuda/gemm/mainloop.cuh): the cooperative
+// kernel's 192- and 256-column tiles share B where the row tiles pair up, the other plain
+// kernels share A wherever A is K-major and the column tiles pair up, the activation kernels
+// share A in the static order where act_multicast (kernel.cuh) says. On by default; FFN_GEMM_MULTICAST=0 turns it
 // off (A/B runs). Bit-identical results either way.
 void set_gemm_multicast(bool on);
 bool gemm_multicast();

@@ -230,11 +230,11 @@ FFN_GPU_TEST("sm90 GEMM in 192-column tiles: layouts, stores, splits, clusters")
 }
 
 // The cooperative kernel at several tiles a CTA (64 tile rows, the last partial, × 4-8 column
-// tiles on at most 132 SMs) of 1, 2 and 3 k-blocks each, so that each tile's epilogue closely
-// follows the one before: its two TMA-store buffers alternate across tiles (TileCtx::sub; at
-// BN = 192 a tile has three subtiles). The three tile widths, TMA and register stores,
-// split-K, both B layouts, the last column tile partial (N = 1000). Against the CPU
-// reference, and two runs bitwise equal.
+// tiles on at most 132 SMs; at 192 and 256 columns in clusters sharing B) of 1, 2 and 3
+// k-blocks each, so that each tile's epilogue closely follows the one before: its two
+// TMA-store buffers alternate across tiles (TileCtx::sub; at BN = 192 a tile has three
+// subtiles). The three tile widths, TMA and register stores, split-K, both B layouts, the last
+// column tile partial (N = 1000). Against the CPU reference, and two runs bitwise equal.
 FFN_GPU_TEST("sm90 GEMM cooperative: several short tiles a CTA") {
   Generator g(89);
   if (!sm90_here()) {
@@ -316,10 +316,12 @@ FFN_GPU_TEST("sm90 GEMM split-K (Note [Split-K]) matches the CPU reference; runs
 }
 
 // Note [Operand multicast]: the plain kernels in clusters sharing A (K-major A, an even number
-// of column tiles) compute what they compute alone, bit for bit: both schedules, both B
+// of column tiles) or B (the cooperative kernel's 192- and 256-column tiles, an even number of
+// row tiles) compute what they compute alone, bit for bit: both schedules, both A and B
 // layouts, split-K, rows past m in a partner's half of A; 1100 × 768 pairs at BN = 128 and not
-// at the cooperative kernel's BN = 256 (3 tiles).
-FFN_GPU_TEST("sm90 GEMM: clusters sharing A and the tile order change no bits") {
+// at the cooperative kernel's BN = 256 (3 tiles, 9 row tiles); 129 × 256 and 1024 × 768 share
+// B at BN = 256 (2 and 8 row tiles), the latter with A MN-major as well.
+FFN_GPU_TEST("sm90 GEMM: clusters sharing A or B and the tile order change no bits") {
   Generator g(79);
   if (!sm90_here()) {
     MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
@@ -333,42 +335,47 @@ FFN_GPU_TEST("sm90 GEMM: clusters sharing A and the tile order change no bits") 
     int64_t m, n, k;
     int splits;
   };
-  const Case cases[] = {{300, 512, 200, 1}, {1100, 768, 64, 1}, {129, 256, 1088, 5}};
+  const Case cases[] = {
+      {300, 512, 200, 1}, {1100, 768, 64, 1}, {129, 256, 1088, 5}, {1024, 768, 200, 1}};
   for (const Case& cs : cases)
-    for (bool tb : {false, true})
-      for (cuda::Sm90Schedule sched : {cuda::Sm90Schedule::automatic, cuda::Sm90Schedule::pingpong,
-                                       cuda::Sm90Schedule::cooperative}) {
-        const int64_t m = cs.m, n = cs.n, k = cs.k;
-        const Tensor a = rand64({m, k}, g).to(DType::bf16).to(kGpu);
-        const Tensor b = (tb ? rand64({n, k}, g) : rand64({k, n}, g)).to(DType::bf16).to(kGpu);
-        const cuda::Sm90GemmArgs args{.trans_b = tb,
-                                      .bias = rand64({n}, g).to(DType::bf16).to(kGpu),
-                                      .schedule = sched,
-                                      .splits = cs.splits};
-        Tensor out[2];
-        for (int mc = 0; mc < 2; ++mc) {
-          set_gemm_multicast(mc == 1);
-          out[mc] = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
-          cuda::sm90_gemm(a, b, out[mc], args);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (cuda::Sm90Schedule sched :
+             {cuda::Sm90Schedule::automatic, cuda::Sm90Schedule::pingpong,
+              cuda::Sm90Schedule::cooperative}) {
+          const int64_t m = cs.m, n = cs.n, k = cs.k;
+          if (ta && (m != 1024 || sched == cuda::Sm90Schedule::pingpong)) continue;
+          const Tensor a = (ta ? rand64({k, m}, g) : rand64({m, k}, g)).to(DType::bf16).to(kGpu);
+          const Tensor b = (tb ? rand64({n, k}, g) : rand64({k, n}, g)).to(DType::bf16).to(kGpu);
+          const cuda::Sm90GemmArgs args{.trans_a = ta,
+                                        .trans_b = tb,
+                                        .bias = rand64({n}, g).to(DType::bf16).to(kGpu),
+                                        .schedule = sched,
+                                        .splits = cs.splits};
+          Tensor out[2];
+          for (int mc = 0; mc < 2; ++mc) {
+            set_gemm_multicast(mc == 1);
+            out[mc] = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
+            cuda::sm90_gemm(a, b, out[mc], args);
+          }
+          const std::string what = std::string("sm90 clusters ") + layout_name(ta, tb) + " m" +
+                                   std::to_string(m) + " n" + std::to_string(n) + " k" +
+                                   std::to_string(k) + " splits " + std::to_string(cs.splits) +
+                                   " schedule " + std::to_string(static_cast<int>(sched));
+          CHECK_MESSAGE(equal_and_written(out[0], out[1]), what);
+          // Note [Tile groups]: groups of 1, 2 (a remainder group at 3 and 9 tile rows) and 64.
+          for (int group : {1, 2, 64}) {
+            cuda::Sm90GemmArgs grouped = args;
+            grouped.group_m = group;
+            Tensor again = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
+            cuda::sm90_gemm(a, b, again, grouped);
+            CHECK_MESSAGE(equal_and_written(out[1], again), what, " groups of ", group);
+          }
+          cuda::Sm90GemmArgs odd = args;
+          odd.group_m = 3;
+          CHECK_THROWS_WITH(cuda::sm90_gemm(a, b, out[1], odd),
+                            doctest::Contains("group_m must be 0 (automatic) or a power of two"));
         }
-        const std::string what = std::string("sm90 clusters ") + layout_name(false, tb) + " m" +
-                                 std::to_string(m) + " n" + std::to_string(n) + " k" +
-                                 std::to_string(k) + " splits " + std::to_string(cs.splits) +
-                                 " schedule " + std::to_string(static_cast<int>(sched));
-        CHECK_MESSAGE(equal_and_written(out[0], out[1]), what);
-        // Note [Tile groups]: groups of 1, 2 (a remainder group at 3 and 9 tile rows) and 64.
-        for (int group : {1, 2, 64}) {
-          cuda::Sm90GemmArgs grouped = args;
-          grouped.group_m = group;
-          Tensor again = Tensor::full({m, n}, NAN, DType::bf16, kGpu);
-          cuda::sm90_gemm(a, b, again, grouped);
-          CHECK_MESSAGE(equal_and_written(out[1], again), what, " groups of ", group);
-        }
-        cuda::Sm90GemmArgs odd = args;
-        odd.group_m = 3;
-        CHECK_THROWS_WITH(cuda::sm90_gemm(a, b, out[1], odd),
-                          doctest::Contains("group_m must be 0 (automatic) or a power of two"));
-      }
 }
 
 // Note [Own GEMM in gemm()]: gemm() runs the own GEMM where the mode says so (always), or

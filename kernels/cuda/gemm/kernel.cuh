@@ -69,7 +69,8 @@ __device__ __forceinline__ bool enter_consumer(const ML& ml, const CUtensorMap* 
 // boxes 64 rows). The kernels end with a cluster-wide barrier then: the partner loads into this
 // CTA's stages and arrives on its barriers until it is done. The producer warpgroup exits early
 // (its threads no longer count for the barrier).
-template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1>
+template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1,
+          bool kShareB = false>
 __global__ void __launch_bounds__(384, 1)
     gemm_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                 const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
@@ -78,7 +79,8 @@ __global__ void __launch_bounds__(384, 1)
   TileScheduler sched = sched_in;  // cluster and rank as constants where they are
   sched.cluster = kCluster;
   sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
-  using ML = Mainloop<T, BN, STAGES, 8, A_MN, B_MN, kCluster>;
+  sched.share_b = kShareB;
+  using ML = Mainloop<T, BN, STAGES, 8, A_MN, B_MN, kCluster, kShareB>;
   constexpr int kScratch = Epi::template kScratchBytes<BN, 64>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, 2 * kScratch);
@@ -112,7 +114,8 @@ __global__ void __launch_bounds__(384, 1)
 // turns (Mainloop::order barriers): warpgroup w starts tile j's only after the other has
 // finished tile j - 1's, so while one warpgroup stores a tile, the other's MMAs run. Stages
 // are released by 4 warps (one warpgroup).
-template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1>
+template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1,
+          bool kShareB = false>
 __global__ void __launch_bounds__(384, 1)
     gemm_pingpong_kernel(const __grid_constant__ CUtensorMap ta,
                          const __grid_constant__ CUtensorMap tb,
@@ -122,7 +125,8 @@ __global__ void __launch_bounds__(384, 1)
   TileScheduler sched = sched_in;  // cluster and rank as constants where they are
   sched.cluster = kCluster;
   sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
-  using ML = Mainloop<T, BN, STAGES, 4, A_MN, B_MN, kCluster>;
+  sched.share_b = kShareB;
+  using ML = Mainloop<T, BN, STAGES, 4, A_MN, B_MN, kCluster, kShareB>;
   constexpr int kScratch = Epi::template kScratchBytes<BN, 128>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, 2 * kScratch);
@@ -180,6 +184,7 @@ __global__ void __launch_bounds__(512, 1)
   TileScheduler sched = sched_in;  // cluster and rank as constants where they are
   sched.cluster = kCluster;
   sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
+  sched.share_b = false;
   const ML ml = ML::carve(smem_raw, SH::kBytes);
   const SH sh = SH::carve(ml.scratch);
   const auto ring = sh.ring(sched);
@@ -314,48 +319,61 @@ void launch_persistent(int threads, int smem, int units, int dev, const Args&...
 }
 
 // c2: the second output of a two-output epilogue (ActTma), else null. kCluster = 2: A's tiles
-// shared in clusters (Note [Operand multicast]; K-major A, an even number of column tiles).
-// group_m: Note [Tile groups].
+// shared in clusters (Note [Operand multicast]; K-major A, an even number of column tiles), or
+// with kShareB B's (an even number of row tiles). group_m: Note [Tile groups].
 template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi,
-          int kCluster = 1>
+          int kCluster = 1, bool kShareB = false>
 void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, int splits,
             int group_m, const Tensor* c2) {
-  using ML = Mainloop<T, BN, STAGES, PINGPONG ? 4 : 8, A_MN, B_MN, kCluster>;
+  using ML = Mainloop<T, BN, STAGES, PINGPONG ? 4 : 8, A_MN, B_MN, kCluster, kShareB>;
+  constexpr int kSplitA = kShareB ? 1 : kCluster, kSplitB = kShareB ? 2 : 1;
   const int dev = a.device().index;
   DeviceGuard guard(dev);
   const int m = static_cast<int>(c.size(0)), n = static_cast<int>(c.size(1));
   const int k = static_cast<int>(A_MN ? a.size(0) : a.size(1));
-  // K-major operands load as one box of 128 (BN) rows (A: 64 with multicast), MN-major ones as
-  // 64-row boxes.
-  const CUtensorMap ta = tensor_map(a, A_MN ? 64 : ML::BM / kCluster),
-                    tb = tensor_map(b, B_MN ? 64 : BN);
+  // K-major operands load as one box of 128 (BN) rows (the shared one: half as many, from
+  // each CTA of the cluster), MN-major ones as 64-row boxes.
+  const CUtensorMap ta = tensor_map(a, A_MN ? 64 : ML::BM / kSplitA),
+                    tb = tensor_map(b, B_MN ? 64 : BN / kSplitB);
   CUtensorMap tc{}, tc2{};
   if constexpr (StoresWithTma<Epi>::value) tc = tensor_map(c, 64);
   if (c2) tc2 = tensor_map(*c2, 64);
-  TileScheduler sched{(m + ML::BM - 1) / ML::BM, (n + BN - 1) / BN / kCluster,
+  TileScheduler sched{(m + ML::BM - 1) / ML::BM / kSplitB, (n + BN - 1) / BN / kSplitA,
                       (k + ML::BK - 1) / ML::BK, splits};
   sched.cluster = kCluster;
+  sched.share_b = kShareB;
   sched.group_shift = std::countr_zero(static_cast<unsigned>(group_m));  // a power of two
   constexpr auto kernel = [] {
     if constexpr (PINGPONG)
-      return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster>;
+      return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster, kShareB>;
     else
-      return gemm_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster>;
+      return gemm_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster, kShareB>;
   }();
   const int smem = ML::smem_bytes(2 * Epi::template kScratchBytes<BN, PINGPONG ? 128 : 64>);
   launch_persistent<kernel, kCluster>(384, smem, sched.num_units(), dev, ta, tb, tc, tc2, sched,
                                       epi);
 }
 
-// launch() in clusters sharing A where multicast is on and the column tiles pair up (K-major
-// A only), else alone.
+// launch() in clusters where multicast is on (Note [Operand multicast]): the cooperative
+// kernel's wider tiles (BN = 192, 256) share B, the larger operand tile, where the row tiles
+// pair up (an MN-major B only at BN = 256: whole boxes each); otherwise A is shared where the
+// column tiles pair up (K-major A only); else alone.
 template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, class Epi>
 void launch_paired(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, int splits,
                    int group_m, const Tensor* c2) {
-  if constexpr (!A_MN) {
-    if (ffn::gemm_multicast() && ((c.size(1) + BN - 1) / BN) % 2 == 0) {
-      launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 2>(a, b, c, epi, splits, group_m, c2);
-      return;
+  if (ffn::gemm_multicast()) {
+    if constexpr (!PINGPONG && BN > 128 && (!B_MN || BN % 128 == 0)) {
+      if (((c.size(0) + 127) / 128) % 2 == 0) {
+        launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 2, true>(a, b, c, epi, splits, group_m,
+                                                                  c2);
+        return;
+      }
+    }
+    if constexpr (!A_MN) {
+      if (((c.size(1) + BN - 1) / BN) % 2 == 0) {
+        launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 2>(a, b, c, epi, splits, group_m, c2);
+        return;
+      }
     }
   }
   launch<T, BN, STAGES, PINGPONG, A_MN, B_MN, Epi, 1>(a, b, c, epi, splits, group_m, c2);

@@ -44,6 +44,17 @@
 // act_multicast (kernel.cuh) says, which has the measurements; the plain kernels wherever A is
 // K-major and the column tiles pair up (launch_paired), where it made the ping-pong kernel
 // 10-15% and the cooperative one 0-8% faster (ffn-bench --gemm, session 31).
+// Sharing B (SHARE_B; TileScheduler::share_b): the cooperative kernel's 128×256 tile reads 16
+// KiB of A and 32 of B a k-block, so sharing A left 40 KiB from L2 where sharing B leaves 32
+// (cuBLASLt's kernels on the same shapes pair their CTAs along the larger operand the same
+// way: nvjet ..._128x256_..._2x1_v, ..._256x128_..._1x2_h). The pair is then tiles (2p, tn)
+// and (2p + 1, tn); each CTA loads its whole A tile and half of B's, K-major as one box of
+// BN / 2 rows, MN-major as BN / 128 of its 64-column boxes (so not at BN = 192, whose three
+// boxes do not halve), and multicasts that half. Any A layout: the weight gradients' MN-major
+// A get clusters this way. Measured (H200, session 48, bench/RESULTS.md): L2 traffic 16% less
+// (ncu lts__t_bytes, ffn_d1024's fc1 1.59 -> 1.34 GB, the LM head's forward 14.5-15.8 ->
+// 13.2), the SM clock under the power cap 2% higher and the kernels 2% shorter in isolation;
+// back to back 1-3% shorter at most products with K <= 1024, elsewhere within the noise (3%).
 #pragma once
 
 #include "kernels/cuda/gemm/sm90.cuh"
@@ -54,12 +65,16 @@
 namespace ffn::cuda::gemm {
 
 template <class T, int BN_, int STAGES, int ARRIVALS = 8, bool A_MN = false, bool B_MN = false,
-          int CLUSTER = 1>
+          int CLUSTER = 1, bool SHARE_B = false>
 struct Mainloop {
   static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
-  // Note [Operand multicast]: 2 shares A's tile between the cluster's two CTAs.
+  // Note [Operand multicast]: 2 shares A's tile (SHARE_B: B's) between the cluster's two CTAs.
   static constexpr int kCluster = CLUSTER;
-  static_assert(kCluster == 1 || (kCluster == 2 && !A_MN), "A multicast needs a K-major A");
+  static constexpr bool kShareB = SHARE_B;
+  static_assert(kCluster == 1 || (kCluster == 2 && (kShareB || !A_MN)),
+                "A multicast needs a K-major A");
+  static_assert(!kShareB || (kCluster == 2 && (!B_MN || BN % 128 == 0)),
+                "B is shared in clusters of two, an MN-major B in whole 64-column boxes each");
   static constexpr int kBoxBytes = 64 * BK * 2;  // one MN-major box: 64 K rows × 128 bytes
   // Descriptor increments (16-byte units) per 16 elements of K: 32 bytes along a K-major
   // row, 16 rows of 128 bytes in an MN-major box.
@@ -159,6 +174,21 @@ struct Mainloop {
       if (tj >= 0 && kb == w.kb0) trace::mark(14, tj);
       if (tj >= 0 && kb == w.kb0 + w.kbs - 1) trace::mark(15, tj);
       mbar_arrive_expect_tx(&full[stage], kStageBytes);
+      if constexpr (kShareB) {  // all of its own A, and this CTA's half of B into both CTAs
+        const int rank = static_cast<int>(cluster_ctarank());
+        load<A_MN, BM>(a_tile(stage), ta, &full[stage], kb, w.tm * BM);
+        if constexpr (B_MN) {
+#pragma unroll
+          for (int j = rank * (BN / 128); j < (rank + 1) * (BN / 128); ++j)  // BN / 128 boxes
+            tma_load_2d_multicast(b_tile(stage) + j * kBoxBytes, tb, &full[stage],
+                                  w.tn * BN + 64 * j, kb * BK, 0x3);
+        } else {
+          tma_load_2d_multicast(b_tile(stage) + rank * (BN / 2) * BK * 2, tb, &full[stage], kb * BK,
+                                w.tn * BN + rank * (BN / 2), 0x3);
+        }
+        if (++stage == kStages) stage = 0, phase ^= 1;
+        continue;
+      }
       if constexpr (kCluster == 2) {  // this CTA's half of A, into both CTAs
         const uint32_t rank = cluster_ctarank();
         tma_load_2d_multicast(a_tile(stage) + rank * (BM / 2) * BK * 2, ta, &full[stage], kb * BK,

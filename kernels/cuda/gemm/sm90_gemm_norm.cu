@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(384, 1)
   TileScheduler sched = sched_in;
   sched.cluster = kC;
   sched.rank = static_cast<int>(cluster_ctarank());
+  sched.share_b = false;
   using ML = Mainloop<T, BN, STAGES, 8, false, false, 1>;
   constexpr int kScratch = AddNormEpi<T>::template kScratchBytes<BN, 64>;
   extern __shared__ uint8_t smem_raw[];

@@ -57,8 +57,11 @@ struct TileScheduler {
   // kernel) computes the pair's tile 2q + rank. The cluster's CTAs take the same units. The
   // norm epilogue's clusters (Note [Residual add and norm in the epilogue]) take a whole row
   // of `cluster` tiles a unit the same way.
+  // share_b: the pair is (2p, tn) and (2p + 1, tn) instead, tiles_m counts the pairs, and the
+  // CTAs share B's tile.
   int cluster = 1;
   int rank = 0;
+  bool share_b = false;
   int group_shift = 3;  // Note [Tile groups]: groups of 1 << group_shift tile rows
 
   __host__ __device__ int num_tiles() const { return tiles_m * tiles_n; }
@@ -99,7 +102,7 @@ struct TileScheduler {
       w.kb0 = static_cast<int>(static_cast<int64_t>(w.split) * k_blocks / splits);
       w.kbs = static_cast<int>(static_cast<int64_t>(w.split + 1) * k_blocks / splits) - w.kb0;
     }
-    if (cluster > 1) w.tn = cluster * w.tn + rank;
+    if (cluster > 1) (share_b ? w.tm : w.tn) = cluster * (share_b ? w.tm : w.tn) + rank;
     return w;
   }
 };
