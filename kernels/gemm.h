@@ -133,8 +133,8 @@ bool gemm_dynamic_order();
 // TMA multicast (Note [Operand multicast] in kernels/cuda/gemm/mainloop.cuh): the cooperative
 // kernel's 192- and 256-column tiles share B where the row tiles pair up, the other plain
 // kernels share A wherever A is K-major and the column tiles pair up, the activation kernels
-// share A in the static order where act_multicast (kernel.cuh) says. On by default; FFN_GEMM_MULTICAST=0 turns it
-// off (A/B runs). Bit-identical results either way.
+// share A in the static order where act_multicast (kernel.cuh) says. On by default;
+// FFN_GEMM_MULTICAST=0 turns it off (A/B runs). Bit-identical results either way.
 void set_gemm_multicast(bool on);
 bool gemm_multicast();
 // Whether a pre-norm block's attention projection ends in the residual add and the next norm
