@@ -69,9 +69,9 @@ class Comm {
   // as it holds them. NCCL 2.28's communicators with the zero-CTA policy run an in-place
   // all-gather whose buffer lies in a symmetric window on the copy engines, without SMs
   // (probe, 2 H200s: 12 of them beside a chain of cuBLAS GEMMs cost the GEMMs 0.01 ms, 12
-  // ring all-reduces 0.37 ms; bench/RESULTS.md, session 39). With --grad-reduce copy-engine a
-  // bucket beside backward (all_reduce_beside; reduce_scatter_beside for ZeRO-1) is reduced
-  // in two halves:
+  // ring all-reduces 0.37 ms; bench/RESULTS-2026-11-28-s39-43.md, session 39). With
+  // --grad-reduce copy-engine a bucket beside backward (all_reduce_beside;
+  // reduce_scatter_beside for ZeRO-1) is reduced in two halves:
   //   - on the communicator's stream, beside backward: kernels/bucket.h's bucket_pack copies
   //     the gradients into this rank's slot of the bucket's region of the window (one
   //     device-to-device copy per tensor: the copy engines), and the all-gather brings every
