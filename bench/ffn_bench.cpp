@@ -193,7 +193,11 @@ void epilogue_comparison(const bench::Workload& w, int device, int warmup, int i
 // launch time included); the b2b_* fields time back-to-back launches, as gemm()'s autotuner
 // does (Note [Own GEMM in gemm()]).
 // only: products whose "name.pass" contains it (empty: all, with the fused fc1 after them).
-void gemm_comparison(int device, int warmup, int iters, const std::string& only) {
+// variant (--gemm-variant): time only that one measurement of each product, back to back
+// (cooperative, pingpong, auto: our schedules; cublaslt: gemm()'s choice), so that a window of
+// seconds samples one kernel alone (the clock and power beside it, e.g. with nvidia-smi).
+void gemm_comparison(int device, int warmup, int iters, const std::string& only,
+                     const std::string& variant) {
   const CublasLtOnly cublaslt_only;
   const Device dev = Device::cuda(device);
   struct Shape3 {
@@ -231,6 +235,22 @@ void gemm_comparison(int device, int warmup, int iters, const std::string& only)
       if (!cuda::sm90_gemm_supported(p.a, p.b, p.c, p.ta, p.tb)) {
         std::fprintf(stderr, "ffn-bench --gemm: the Hopper GEMM does not run here (needs sm_90)\n");
         return;
+      }
+      if (!variant.empty()) {
+        const cuda::Sm90Schedule sched = variant == "pingpong" ? cuda::Sm90Schedule::pingpong
+                                         : variant == "auto"   ? cuda::Sm90Schedule::automatic
+                                                               : cuda::Sm90Schedule::cooperative;
+        const cuda::Sm90GemmArgs args{.trans_a = p.ta, .trans_b = p.tb, .schedule = sched};
+        const double ms =
+            variant == "cublaslt"
+                ? back_to_back_ms(device, warmup, iters,
+                                  [&] { gemm(p.a, p.b, p.c, {.trans_a = p.ta, .trans_b = p.tb}); })
+                : back_to_back_ms(device, warmup, iters,
+                                  [&] { cuda::sm90_gemm(p.a, p.b, p.c, args); });
+        std::printf("{\"gemm\": \"%s.%s\", \"variant\": \"%s\", \"b2b_ms\": %.4f}\n", sh.name,
+                    p.pass, variant.c_str(), ms);
+        std::fflush(stdout);
+        continue;
       }
       auto ours_args = [&](const cuda::Sm90GemmArgs& args) {
         return median_ms(device, warmup, iters, [&] { cuda::sm90_gemm(p.a, p.b, p.c, args); });
@@ -615,6 +635,11 @@ int main(int argc, char** argv) {
   std::string gemm_only;
   app.add_option("--gemm-only", gemm_only,
                  "With --gemm: only the products whose name contains this (e.g. wgrad)");
+  std::string gemm_variant;
+  app.add_option("--gemm-variant", gemm_variant,
+                 "With --gemm: time only this one, back to back (for long windows beside a clock "
+                 "and power sampler)")
+      ->check(CLI::IsMember({"cooperative", "pingpong", "auto", "cublaslt"}));
   bool act_epilogues = false;
   app.add_flag(
       "--act-epilogues", act_epilogues,
@@ -690,7 +715,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (gemm_table) {
-      gemm_comparison(device, warmup, iters, gemm_only);
+      gemm_comparison(device, warmup, iters, gemm_only, gemm_variant);
       return 0;
     }
     for (const auto& w : bench::workloads()) {
