@@ -53,7 +53,7 @@
 // boxes do not halve), and multicasts that half. Any A layout: the weight gradients' MN-major
 // A get clusters this way. Measured (H200, session 48, bench/RESULTS.md): L2 traffic 16% less
 // (ncu lts__t_bytes, ffn_d1024's fc1 1.59 -> 1.34 GB, the LM head's forward 14.5-15.8 ->
-// 13.2), the SM clock under the power cap 2% higher and the kernels 2% shorter in isolation;
+// 13.2), the SM clock 2% higher and the kernels 2% shorter in isolation (ncu, clocks free);
 // back to back 1-3% shorter at most products with K <= 1024, elsewhere within the noise (3%).
 #pragma once
 
