@@ -114,8 +114,7 @@ __global__ void __launch_bounds__(384, 1)
 // turns (Mainloop::order barriers): warpgroup w starts tile j's only after the other has
 // finished tile j - 1's, so while one warpgroup stores a tile, the other's MMAs run. Stages
 // are released by 4 warps (one warpgroup).
-template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1,
-          bool kShareB = false>
+template <class T, int BN, int STAGES, bool A_MN, bool B_MN, class Epi, int kCluster = 1>
 __global__ void __launch_bounds__(384, 1)
     gemm_pingpong_kernel(const __grid_constant__ CUtensorMap ta,
                          const __grid_constant__ CUtensorMap tb,
@@ -125,8 +124,8 @@ __global__ void __launch_bounds__(384, 1)
   TileScheduler sched = sched_in;  // cluster and rank as constants where they are
   sched.cluster = kCluster;
   sched.rank = kCluster == 2 ? static_cast<int>(cluster_ctarank()) : 0;
-  sched.share_b = kShareB;
-  using ML = Mainloop<T, BN, STAGES, 4, A_MN, B_MN, kCluster, kShareB>;
+  sched.share_b = false;
+  using ML = Mainloop<T, BN, STAGES, 4, A_MN, B_MN, kCluster>;
   constexpr int kScratch = Epi::template kScratchBytes<BN, 128>;
   extern __shared__ uint8_t smem_raw[];
   const ML ml = ML::carve(smem_raw, 2 * kScratch);
@@ -325,6 +324,7 @@ template <class T, int BN, int STAGES, bool PINGPONG, bool A_MN, bool B_MN, clas
           int kCluster = 1, bool kShareB = false>
 void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, int splits,
             int group_m, const Tensor* c2) {
+  static_assert(!(PINGPONG && kShareB), "the ping-pong kernel shares A only");
   using ML = Mainloop<T, BN, STAGES, PINGPONG ? 4 : 8, A_MN, B_MN, kCluster, kShareB>;
   constexpr int kSplitA = kShareB ? 1 : kCluster, kSplitB = kShareB ? 2 : 1;
   const int dev = a.device().index;
@@ -345,7 +345,7 @@ void launch(const Tensor& a, const Tensor& b, const Tensor& c, const Epi& epi, i
   sched.group_shift = std::countr_zero(static_cast<unsigned>(group_m));  // a power of two
   constexpr auto kernel = [] {
     if constexpr (PINGPONG)
-      return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster, kShareB>;
+      return gemm_pingpong_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster>;
     else
       return gemm_kernel<T, BN, STAGES, A_MN, B_MN, Epi, kCluster, kShareB>;
   }();

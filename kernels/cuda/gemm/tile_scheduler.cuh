@@ -102,7 +102,12 @@ struct TileScheduler {
       w.kb0 = static_cast<int>(static_cast<int64_t>(w.split) * k_blocks / splits);
       w.kbs = static_cast<int>(static_cast<int64_t>(w.split + 1) * k_blocks / splits) - w.kb0;
     }
-    if (cluster > 1) (share_b ? w.tm : w.tn) = cluster * (share_b ? w.tm : w.tn) + rank;
+    if (cluster > 1) {
+      if (share_b)
+        w.tm = cluster * w.tm + rank;
+      else
+        w.tn = cluster * w.tn + rank;
+    }
     return w;
   }
 };
