@@ -88,6 +88,7 @@ std::atomic<int> g_autotune{-1};   // -1: not decided yet (read FFN_GEMM_TUNE)
 std::atomic<int> g_epilogues{-1};  // -1: not decided yet (read FFN_GEMM_EPILOGUES)
 std::atomic<int> g_dynamic_order{0};
 std::atomic<int> g_multicast{-1};  // -1: not decided yet (read FFN_GEMM_MULTICAST)
+std::atomic<int> g_dependent_launch{-1};  // -1: not decided yet (read FFN_GEMM_PDL)
 std::atomic<int> g_norm_epilogue{-1};  // -1: not decided yet (read FFN_NORM_EPILOGUE)
 std::atomic<int> g_group_rows{-1};  // -1: not decided yet (read FFN_GEMM_GROUP_ROWS)
 
@@ -146,6 +147,14 @@ void set_gemm_multicast(bool on) {
 
 bool gemm_multicast() {
   return env_switch(g_multicast, "FFN_GEMM_MULTICAST");
+}
+
+void set_gemm_dependent_launch(bool on) {
+  g_dependent_launch = on ? 1 : 0;
+}
+
+bool gemm_dependent_launch() {
+  return env_switch(g_dependent_launch, "FFN_GEMM_PDL");
 }
 
 void set_norm_epilogue(bool on) {

@@ -137,6 +137,12 @@ bool gemm_dynamic_order();
 // FFN_GEMM_MULTICAST=0 turns it off (A/B runs). Bit-identical results either way.
 void set_gemm_multicast(bool on);
 bool gemm_multicast();
+// Whether the own Hopper GEMM's kernels are launched as programmatic dependents of the kernel
+// before them on the stream, so that their launch and set-up overlap its last tiles (Note
+// [Dependent launch] in kernels/cuda/gemm/kernel.cuh). On by default; FFN_GEMM_PDL=0 turns it
+// off (A/B runs). Bit-identical results either way.
+void set_gemm_dependent_launch(bool on);
+bool gemm_dependent_launch();
 // Whether a pre-norm block's attention projection ends in the residual add and the next norm
 // (linear_add_layer_norm in kernels/layer_norm.h, Note [Residual add and norm in the
 // epilogue]) where gemm_epilogues() is on and the kernel runs. Off by default:

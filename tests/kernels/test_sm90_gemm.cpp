@@ -1,8 +1,8 @@
 // tests/kernels/test_sm90_gemm.cpp — fused-ffn's own Hopper GEMM (kernels/cuda/gemm/): the
 // plain product in every layout and split-K against the CPU reference, clusters sharing A,
-// gemm()'s use of it and the rotary epilogue (FFN_GPU_TEST cases skip visibly without a GPU).
-// Its epilogues with the FFN's activation are in test_sm90_act.cpp, the cuBLASLt GEMM's cases
-// in test_gemm.cpp.
+// dependent launches, gemm()'s use of it and the rotary epilogue (FFN_GPU_TEST cases skip
+// visibly without a GPU). Its epilogues with the FFN's activation are in test_sm90_act.cpp, the
+// cuBLASLt GEMM's cases in test_gemm.cpp.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -376,6 +376,69 @@ FFN_GPU_TEST("sm90 GEMM: clusters sharing A or B and the tile order change no bi
           CHECK_THROWS_WITH(cuda::sm90_gemm(a, b, out[1], odd),
                             doctest::Contains("group_m must be 0 (automatic) or a power of two"));
         }
+}
+
+// Note [Dependent launch]: a chain of the own GEMM's kernels launched back to back, each
+// reading what the one before it wrote (and the third overwriting what the second read),
+// gives the same bits with the kernels launched as programmatic dependents as without. The
+// first product's 192 tiles leave 72 of 132 SMs free after one tile each, where the second's
+// CTAs may start while the first's last tiles are still being written: a kernel that read
+// before its grid_dependency_wait could see those rows as NaN (every output starts so) or
+// stale. (No build without the wait has been run against it, so how often it would catch
+// one is not measured.)
+// The chain runs the cooperative, ping-pong and split-K kernels and the activation kernels
+// forward and backward (with db), these in the dynamic unit order too (each launch's counter
+// is reset by the launch before it).
+FFN_GPU_TEST("sm90 GEMM: dependent launches give the same bits as launches in order") {
+  Generator g(83);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here, cuBLASLt is");
+    return;
+  }
+  struct Restore {
+    bool pdl = gemm_dependent_launch(), order = gemm_dynamic_order();
+    ~Restore() {
+      set_gemm_dependent_launch(pdl);
+      set_gemm_dynamic_order(order);
+    }
+  } restore;
+  const int64_t m = 8100;
+  auto weight = [&](int64_t n, int64_t k) { return rand64({n, k}, g).to(DType::bf16).to(kGpu); };
+  const Tensor x = rand64({m, 512}, g).to(DType::bf16).to(kGpu);
+  const Tensor w1 = weight(768, 512), w2 = weight(1024, 768), w3 = weight(768, 1024),
+               w4 = weight(1024, 768), w5 = weight(512, 1024), w6 = weight(1024, 1024);
+  const Tensor b4 = rand64({1024}, g).to(DType::bf16).to(kGpu);
+  const DropoutSpec d{0.1f, 5, 6};
+  using S = cuda::Sm90Schedule;
+  auto chain = [&](bool pdl, bool dynamic) {
+    set_gemm_dependent_launch(pdl);
+    set_gemm_dynamic_order(dynamic);
+    auto nan = [&](int64_t n) { return Tensor::full({m, n}, NAN, DType::bf16, kGpu); };
+    Tensor y1 = nan(768), y2 = nan(1024), z = nan(1024), hd = nan(1024), dz = nan(1024),
+           hd2 = nan(1024), z2 = nan(1024), hd3 = nan(1024), y5 = nan(512),
+           db = Tensor::full({1024}, NAN, DType::bf16, kGpu);
+    cuda::sm90_gemm(x, w1, y1, {.trans_b = true, .schedule = S::cooperative, .splits = 1});
+    cuda::sm90_gemm(y1, w2, y2, {.trans_b = true, .schedule = S::pingpong});
+    cuda::sm90_gemm(y2, w3, y1, {.trans_b = true, .splits = 1, .tile_n = 192});
+    cuda::sm90_gemm_nt_act(y1, w4, b4, Activation::gelu_tanh, d, z, hd);
+    cuda::sm90_gemm_nn_act_backward(y1, w3, z, b4, Activation::gelu_tanh, d, dz, hd2, S::automatic,
+                                    &db);
+    cuda::sm90_gemm_nt_act(dz, w6, b4, Activation::silu, {}, z2, hd3);
+    cuda::sm90_gemm(hd3, w5, y5, {.trans_b = true, .splits = 3});
+    return std::vector<Tensor>{y1, y2, z, hd, dz, hd2, db, z2, hd3, y5};
+  };
+  for (bool dynamic : {false, true}) {
+    const std::vector<Tensor> in_order = chain(false, dynamic);
+    CHECK(!gemm_dependent_launch());
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::vector<Tensor> dependent = chain(true, dynamic);
+      CHECK(gemm_dependent_launch());
+      const char* names[] = {"y1", "y2", "z", "hd", "dz", "hd2", "db", "z2", "hd3", "y5"};
+      for (size_t i = 0; i < in_order.size(); ++i)
+        CHECK_MESSAGE(equal_and_written(in_order[i], dependent[i]), names[i], " dynamic ", dynamic,
+                      " run ", rep);
+    }
+  }
 }
 
 // Note [Own GEMM in gemm()]: gemm() runs the own GEMM where the mode says so (always), or

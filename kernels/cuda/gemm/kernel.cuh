@@ -28,6 +28,7 @@ namespace ffn {
 // this namespace.
 bool gemm_dynamic_order();
 bool gemm_multicast();
+bool gemm_dependent_launch();
 int gemm_group_rows();
 }  // namespace ffn
 
@@ -39,11 +40,35 @@ namespace ffn::cuda::gemm {
 #define FFN_SM90A_CODE 0
 #endif
 
+// Note [Dependent launch]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Launched in order on one stream, a kernel's CTAs start only once the previous kernel has
+// finished, so each persistent GEMM pays its launch and set-up (shared-memory carve-out, the
+// barriers, the cluster's first barrier, the tensor maps' fetch) with every SM idle, after the
+// previous kernel's last tiles have kept most SMs idle already. With programmatic dependent
+// launch (launch_persistent sets cudaLaunchAttributeProgrammaticStreamSerialization where
+// gemm_dependent_launch() is on, kernels/gemm.h) the next kernel's CTAs may start while this
+// one runs, on SMs its exited CTAs leave free, once every CTA of this one has executed
+// launch_dependents (sm90.cuh) or exited. So each of these kernels, after its set-up and
+// before it touches global memory (loads, the epilogue's reads, stores, the unit counter),
+// waits in grid_dependency_wait until the kernel before it has completed and its writes are
+// visible, then at once lets its own dependents be scheduled: one CTA an SM leaves them no
+// room until its CTAs exit. Every thread waits, so whatever a role reads or writes later is
+// ordered after the previous kernel, whichever kernel that was (where it was not launched as
+// a dependent the wait returns at once). The kernels after ours that are not launched so
+// (cuBLASLt's, the elementwise ones) start as before, after ours complete.
+// Measured (H200, session 49, ffn-bench --gemm --gemm-variant auto, 36 products back to back,
+// FFN_GEMM_PDL=0/1 alternated twice): on ÷ off median 0.998 (0.981-1.013), the FFN workloads
+// within their noise; so the launch boundary is not where our kernels lose ~20 us a run back
+// to back against cuBLASLt (bench/RESULTS.md, session 48). It stays on: no slower, and the
+// place where a kernel could start work that does not depend on its predecessor early.
+
 // Both schedules start alike: barriers set up, then warpgroup 0 gives its registers away and
 // becomes the producer (one thread issues every TMA load; returns false), and the consumer
 // warpgroups take theirs (setmaxnreg; HOPPER.md).
 // With multicast (Note [Operand multicast]) the partner's barriers must be initialised before
 // this CTA's first load signals them or its consumers arrive on them: a cluster-wide barrier.
+// Then the wait for the previous kernel (Note [Dependent launch]).
 template <class ML>
 __device__ __forceinline__ bool enter_consumer(const ML& ml, const CUtensorMap* ta,
                                                const CUtensorMap* tb, const TileScheduler& sched) {
@@ -56,6 +81,8 @@ __device__ __forceinline__ bool enter_consumer(const ML& ml, const CUtensorMap* 
     cluster_sync();
   else
     __syncthreads();
+  grid_dependency_wait();
+  launch_dependents();
   if (threadIdx.x / 128 == 0) {
     regs_dealloc<40>();
     if (threadIdx.x == 0) ml.produce(ta, tb, sched);
@@ -199,6 +226,8 @@ __global__ void __launch_bounds__(512, 1)
     cluster_sync();
   else
     __syncthreads();
+  grid_dependency_wait();  // Note [Dependent launch]
+  launch_dependents();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<40>();
@@ -284,21 +313,24 @@ struct TakesWidth192<StorePartial> : std::true_type {};
 
 // Launches kKernel (`threads` threads, `smem` bytes of dynamic shared memory) as a persistent
 // grid over `units` units in clusters of kCluster CTAs (Note [Operand multicast]): one CTA an
-// SM, or as many clusters as can be resident at once. The shared-memory attribute and that
+// SM, or as many clusters as can be resident at once; as a dependent launch where
+// gemm_dependent_launch() is on (Note [Dependent launch]). The shared-memory attribute and that
 // count are set up once per kernel and device.
 template <auto kKernel, int kCluster, class... Args>
 void launch_persistent(int threads, int smem, int units, int dev, const Args&... args) {
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute cluster_dim{};
-  cluster_dim.id = cudaLaunchAttributeClusterDimension;
-  cluster_dim.val.clusterDim.x = kCluster;
-  cluster_dim.val.clusterDim.y = 1;
-  cluster_dim.val.clusterDim.z = 1;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = kCluster;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.blockDim = dim3(static_cast<unsigned>(threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(smem);
   cfg.stream = stream(dev);
-  cfg.attrs = &cluster_dim;
-  cfg.numAttrs = 1;
+  cfg.attrs = attrs;
+  cfg.numAttrs = 1;  // the occupancy query below with the cluster only
   static std::once_flag once[8];
   static int resident[8];
   std::call_once(once[dev % 8], [&] {
@@ -314,6 +346,7 @@ void launch_persistent(int threads, int smem, int units, int dev, const Args&...
     }
   });
   cfg.gridDim = dim3(static_cast<unsigned>(std::min(units * kCluster, resident[dev % 8])));
+  cfg.numAttrs = ffn::gemm_dependent_launch() ? 2 : 1;
   FFN_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kKernel, args...));
 }
 

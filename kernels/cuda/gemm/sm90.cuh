@@ -1,6 +1,7 @@
 // kernels/cuda/gemm/sm90.cuh — the Hopper (sm_90a) primitives the GEMM pieces are built from:
 // mbarriers, TMA tile loads and stores (cp.async.bulk.tensor), stmatrix, wgmma shared-memory
-// descriptors and fences, and setmaxnreg. Thin wrappers over PTX, each named after what it does.
+// descriptors and fences, setmaxnreg and griddepcontrol. Thin wrappers over PTX, each named after
+// what it does.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -105,6 +106,18 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank
       "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
       "r"(rank)
       : "memory");
+}
+
+// --- programmatic dependent launch (Note [Dependent launch] in kernel.cuh) ----------------
+// Waits until the grids this one depends on have completed and their memory is visible; at
+// once where the launch had no programmatic dependency.
+__device__ __forceinline__ void grid_dependency_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+// Lets the next grid in the stream, if launched as dependent, be scheduled once every CTA of
+// this grid has done this or exited.
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
 // --- TMA ----------------------------------------------------------------------------------
