@@ -139,8 +139,8 @@ void set_gemm_multicast(bool on);
 bool gemm_multicast();
 // Whether the own Hopper GEMM's kernels are launched as programmatic dependents of the kernel
 // before them on the stream, so that their launch and set-up overlap its last tiles (Note
-// [Dependent launch] in kernels/cuda/gemm/kernel.cuh). On by default; FFN_GEMM_PDL=0 turns it
-// off (A/B runs). Bit-identical results either way.
+// [Dependent launch] in kernels/cuda/gemm/kernel.cuh; not under stream capture). On by
+// default; FFN_GEMM_PDL=0 turns it off (A/B runs). Bit-identical results either way.
 void set_gemm_dependent_launch(bool on);
 bool gemm_dependent_launch();
 // Whether a pre-norm block's attention projection ends in the residual add and the next norm

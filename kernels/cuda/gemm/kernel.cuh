@@ -52,11 +52,14 @@ namespace ffn::cuda::gemm {
 // launch_dependents (sm90.cuh) or exited. So each of these kernels, after its set-up and
 // before it touches global memory (loads, the epilogue's reads, stores, the unit counter),
 // waits in grid_dependency_wait until the kernel before it has completed and its writes are
-// visible, then at once lets its own dependents be scheduled: one CTA an SM leaves them no
-// room until its CTAs exit. Every thread waits, so whatever a role reads or writes later is
-// ordered after the previous kernel, whichever kernel that was (where it was not launched as
-// a dependent the wait returns at once). The kernels after ours that are not launched so
-// (cuBLASLt's, the elementwise ones) start as before, after ours complete.
+// visible, then at once lets its own dependents be scheduled: where the grid fills the GPU
+// (one CTA an SM) they find no room until its CTAs exit. Every thread waits, so whatever a
+// role reads or writes later is ordered after the previous kernel, whichever kernel that was
+// (where it was not launched as a dependent the wait returns at once). The kernels after ours
+// that are not launched so (cuBLASLt's, the elementwise ones) start as before, after ours
+// complete. Under stream capture (the trainer's CUDA-graph step) the launches stay plain: a
+// captured dependent launch becomes a programmatic edge of the graph, which no GPU test has
+// run yet.
 // Measured (H200, session 49, ffn-bench --gemm --gemm-variant auto, 36 products back to back,
 // FFN_GEMM_PDL=0/1 alternated twice): on ÷ off median 0.998 (0.981-1.013), the FFN workloads
 // within their noise; so the launch boundary is not where our kernels lose ~20 us a run back
@@ -314,8 +317,8 @@ struct TakesWidth192<StorePartial> : std::true_type {};
 // Launches kKernel (`threads` threads, `smem` bytes of dynamic shared memory) as a persistent
 // grid over `units` units in clusters of kCluster CTAs (Note [Operand multicast]): one CTA an
 // SM, or as many clusters as can be resident at once; as a dependent launch where
-// gemm_dependent_launch() is on (Note [Dependent launch]). The shared-memory attribute and that
-// count are set up once per kernel and device.
+// gemm_dependent_launch() is on and the stream is not capturing (Note [Dependent launch]).
+// The shared-memory attribute and that count are set up once per kernel and device.
 template <auto kKernel, int kCluster, class... Args>
 void launch_persistent(int threads, int smem, int units, int dev, const Args&... args) {
   cudaLaunchConfig_t cfg{};
@@ -346,7 +349,9 @@ void launch_persistent(int threads, int smem, int units, int dev, const Args&...
     }
   });
   cfg.gridDim = dim3(static_cast<unsigned>(std::min(units * kCluster, resident[dev % 8])));
-  cfg.numAttrs = ffn::gemm_dependent_launch() ? 2 : 1;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  FFN_CHECK_CUDA(cudaStreamIsCapturing(cfg.stream, &capturing));
+  cfg.numAttrs = ffn::gemm_dependent_launch() && capturing == cudaStreamCaptureStatusNone ? 2 : 1;
   FFN_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kKernel, args...));
 }
 
