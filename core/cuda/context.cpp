@@ -79,10 +79,14 @@ void allow_dynamic_smem(const void* kernel, size_t bytes) {
   }
 }
 
-void check_not_capturing(int device, const char* what) {
+bool capturing(int device) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   FFN_CHECK_CUDA(cudaStreamIsCapturing(stream(device), &st));
-  FFN_CHECK(st == cudaStreamCaptureStatusNone, "[cuda graph] ", what, " on cuda:", device,
+  return st != cudaStreamCaptureStatusNone;
+}
+
+void check_not_capturing(int device, const char* what) {
+  FFN_CHECK(!capturing(device), "[cuda graph] ", what, " on cuda:", device,
             " while its stream is captured into a CUDA graph: a graph replays device work only "
             "(Note [CUDA graph step]); runtime.cuda_graph = false runs the step without one");
 }

@@ -27,6 +27,8 @@ void* workspace(int device);
 size_t workspace_bytes();
 const cudaDeviceProp& properties(int device);
 void synchronize(int device);
+// Whether stream(device) is being captured into a CUDA graph (Note [CUDA graph step]).
+bool capturing(int device);
 // Throws when stream(device) is being captured into a CUDA graph: `what` (a host copy, a
 // read of a value) would run once now, or replay stale host memory, instead of each step
 // (Note [CUDA graph step], core/graph.h).

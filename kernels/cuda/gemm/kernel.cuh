@@ -349,9 +349,7 @@ void launch_persistent(int threads, int smem, int units, int dev, const Args&...
     }
   });
   cfg.gridDim = dim3(static_cast<unsigned>(std::min(units * kCluster, resident[dev % 8])));
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  FFN_CHECK_CUDA(cudaStreamIsCapturing(cfg.stream, &capturing));
-  cfg.numAttrs = ffn::gemm_dependent_launch() && capturing == cudaStreamCaptureStatusNone ? 2 : 1;
+  cfg.numAttrs = ffn::gemm_dependent_launch() && !capturing(dev) ? 2 : 1;
   FFN_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kKernel, args...));
 }
 
