@@ -11,6 +11,7 @@
 #include "kernels/bias_act_dropout.h"
 #include "kernels/checks.h"
 #include "kernels/rope.h"
+#include "kernels/scale.h"
 
 namespace ffn {
 
@@ -72,7 +73,8 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv, double rope_base, Tensor* dqkv_sum) {
+                              Tensor& dqkv, double rope_base, Tensor* dqkv_sum,
+                              const Tensor& row_scale) {
   const char* op = "fused_attention_backward";
   const Dims s = check_qkv(qkv, heads, scale, d, op);
   FFN_CHECK(std::isfinite(rope_base) && rope_base >= 0 && (rope_base == 0 || s.d % 2 == 0), "[", op,
@@ -88,10 +90,20 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   check_lse(lse, qkv, s, op);
   detail::check_like(dqkv, qkv, qkv.shape(), op, "dqkv");
   if (dqkv_sum) detail::check_like(*dqkv_sum, qkv, {qkv.size(2)}, op, "dqkv_sum");
+  if (row_scale.defined()) {
+    FFN_CHECK(!dqkv_sum, "[", op, "] row_scale and dqkv_sum together are not supported");
+    check_shape(row_scale, {s.b * s.t}, op, "row_scale");
+    check_same_device(row_scale, qkv, op, "row_scale", "qkv");
+    FFN_CHECK(row_scale.dtype() == acc_dtype(qkv.dtype()) && row_scale.is_contiguous(), "[", op,
+              "] row_scale must be a contiguous ", dtype_name(acc_dtype(qkv.dtype())),
+              " tensor, got ", row_scale.desc());
+    FFN_CHECK(dqkv.is_contiguous(), "[", op, "] a row scale needs a contiguous dqkv");
+  }
   const Tensor x = qkv.contiguous(), g = dy.contiguous();
   if (qkv.is_cuda()) {
     return cuda::fused_attention_backward(x, y.contiguous(), g, lse, heads, scale, d, dqkv,
-                                          rope_base, cuda::AttentionKernel::automatic, dqkv_sum);
+                                          rope_base, cuda::AttentionKernel::automatic, dqkv_sum,
+                                          row_scale);
   }
   cpu::fused_attention_backward(x, g, heads, scale, d, dqkv);
   if (rope_base > 0) {  // the reference: the rotation's own backward after the attention's
@@ -102,6 +114,10 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   if (dqkv_sum) {
     const Tensor d2 = dqkv.view_2d();
     bias_grad(d2, *dqkv_sum);
+  }
+  if (row_scale.defined()) {
+    Tensor d2 = dqkv.view_2d();
+    cpu::scale_rows(d2, row_scale, d2);
   }
 }
 

@@ -46,9 +46,14 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 // rows, the QKV projection's bias gradient: the Hopper kernels sum the values they store
 // (Note [QKV bias gradient in the attention backward], kernels/cuda/attention_sm90_bwd.cu),
 // the others run bias_grad over dqkv. Deterministic either way.
+// row_scale (optional, f32 [B·T], never with dqkv_sum): row r of dqkv leaves multiplied by
+// row_scale[r] (after the rotation back; Note [RMSNorm folded into the QKV GEMM] in
+// layers/attention.cpp). The Hopper kernels scale before they round; the others run
+// scale_rows over dqkv afterwards.
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
-                              Tensor& dqkv, double rope_base = 0, Tensor* dqkv_sum = nullptr);
+                              Tensor& dqkv, double rope_base = 0, Tensor* dqkv_sum = nullptr,
+                              const Tensor& row_scale = {});
 
 namespace cpu {
 void fused_attention(const Tensor& qkv, int64_t heads, double scale, const DropoutSpec& d,
@@ -71,7 +76,7 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
                               Tensor& dqkv, double rope_base = 0,
                               AttentionKernel kernel = AttentionKernel::automatic,
-                              Tensor* dqkv_sum = nullptr);
+                              Tensor* dqkv_sum = nullptr, const Tensor& row_scale = {});
 }  // namespace cuda
 
 }  // namespace ffn

@@ -19,6 +19,7 @@
 #include "kernels/layer_norm.h"
 #include "kernels/mse_loss.h"
 #include "kernels/rope.h"
+#include "kernels/scale.h"
 #include "kernels/sgd.h"
 
 namespace ffn::cuda {
@@ -52,8 +53,8 @@ void fused_attention(const Tensor&, int64_t, double, const DropoutSpec&, Tensor&
   no_cuda("fused_attention");
 }
 void fused_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                              double, const DropoutSpec&, Tensor&, double, AttentionKernel,
-                              Tensor*) {
+                              double, const DropoutSpec&, Tensor&, double, AttentionKernel, Tensor*,
+                              const Tensor&) {
   no_cuda("fused_attention_backward");
 }
 
@@ -97,6 +98,12 @@ void scale_by(const Tensor&, const Tensor&, Tensor&) {
   no_cuda("scale_by");
 }
 
+void scale_rows(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("scale_rows");
+}
+void scale_columns(const Tensor&, const Tensor&, Tensor&) {
+  no_cuda("scale_columns");
+}
 void dropout_add(const Tensor&, const Tensor&, const DropoutSpec&, Tensor&) {
   no_cuda("dropout_add");
 }
@@ -190,7 +197,7 @@ void sm90_attention_forward(const Tensor&, int64_t, float, const DropoutSpec&, T
   no_cuda("fused_attention");
 }
 void sm90_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                             float, const DropoutSpec&, Tensor&, double, Tensor*) {
+                             float, const DropoutSpec&, Tensor&, double, Tensor*, const Tensor&) {
   no_cuda("fused_attention_backward");
 }
 void sm90_attention_force_unit_group(int64_t) {}  // nothing runs them without CUDA
@@ -208,7 +215,8 @@ void layer_norm(const Tensor&, const Tensor&, const Tensor&, double, Tensor&, Te
   no_cuda("layer_norm");
 }
 void layer_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                         Tensor*, Tensor*, Tensor*, bool, Tensor*, const DropoutSpec&, Tensor*) {
+                         Tensor*, Tensor*, Tensor*, bool, Tensor*, const DropoutSpec&, Tensor*,
+                         bool) {
   no_cuda("layer_norm_backward");
 }
 

@@ -90,6 +90,7 @@ std::atomic<int> g_dynamic_order{0};
 std::atomic<int> g_multicast{-1};  // -1: not decided yet (read FFN_GEMM_MULTICAST)
 std::atomic<int> g_dependent_launch{-1};  // -1: not decided yet (read FFN_GEMM_PDL)
 std::atomic<int> g_norm_epilogue{-1};  // -1: not decided yet (read FFN_NORM_EPILOGUE)
+std::atomic<int> g_rms_fold{-1};       // -1: not decided yet (read FFN_RMS_FOLD)
 std::atomic<int> g_group_rows{-1};  // -1: not decided yet (read FFN_GEMM_GROUP_ROWS)
 
 bool env_switch(std::atomic<int>& v, const char* name) {
@@ -167,6 +168,20 @@ bool norm_epilogue() {  // off unless FFN_NORM_EPILOGUE=1 (measured slower: kern
     const char* e = std::getenv("FFN_NORM_EPILOGUE");
     x = (e && std::strcmp(e, "1") == 0) ? 1 : 0;
     g_norm_epilogue = x;
+  }
+  return x == 1;
+}
+
+void set_rms_fold(bool on) {
+  g_rms_fold = on ? 1 : 0;
+}
+
+bool rms_fold() {  // off unless FFN_RMS_FOLD=1 (measured slower: kernels/gemm.h)
+  int x = g_rms_fold.load();
+  if (x < 0) {
+    const char* e = std::getenv("FFN_RMS_FOLD");
+    x = (e && std::strcmp(e, "1") == 0) ? 1 : 0;
+    g_rms_fold = x;
   }
   return x == 1;
 }

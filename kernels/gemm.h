@@ -151,6 +151,16 @@ bool gemm_dependent_launch();
 // char models 5%), so it is there to be measured and worked on, not used.
 void set_norm_epilogue(bool on);
 bool norm_epilogue();
+// Whether a Llama block's first RMSNorm is folded into its QKV GEMM where the residual stream
+// is 16-bit (Note [RMSNorm folded into the QKV GEMM] in layers/attention.cpp): the add before
+// it writes only the sum and the row statistics, the GEMM scales its rows, and the normalized
+// activation is never stored. Off by default: FFN_RMS_FOLD=1 or set_rms_fold(true) turns it
+// on. Measured slower than the norm as its own output (H200, session 50: llama_char's step
+// with a bf16 stream 1-3%, a d768 attention branch 0.6%; the two weight-sized passes it adds
+// cost more than the normalized activation's write it saves), so it is there to be measured
+// and worked on, not used.
+void set_rms_fold(bool on);
+bool rms_fold();
 
 // How many tile rows the own Hopper GEMM's kernels walk as a group (Note [Tile groups] in
 // kernels/cuda/gemm/tile_scheduler.cuh): 0 (the default) lets each product's shape decide, a

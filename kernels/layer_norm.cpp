@@ -48,7 +48,7 @@ void check_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps
   detail::check_like(w, w, {c}, op, "w");
   check_same_device(w, x, op, "w", "x");
   if (b.defined()) detail::check_like(b, w, {c}, op, "b");
-  detail::check_like(y, w, x.shape(), op, "y");
+  if (y.defined()) detail::check_like(y, w, x.shape(), op, "y");  // undefined: statistics only
   if (mean) check_stats(*mean, x, op, "mean");
   check_stats(rstd, x, op, "rstd");
 }
@@ -165,16 +165,17 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
 }
 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
-                       Tensor* dx, Tensor* dw, bool accumulate_dx, const BranchGrad* branch) {
+                       Tensor* dx, Tensor* dw, bool accumulate_dx, const BranchGrad* branch,
+                       bool prescaled) {
   check_backward(dy, x, w, nullptr, rstd, dx, dw, nullptr, accumulate_dx, "rms_norm_backward");
   check_branch(branch, dx, w, "rms_norm_backward");
   const Tensor xc = x.contiguous(), dyc = dy.contiguous();
   if (x.is_cuda()) {
     return cuda::layer_norm_backward(
         dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx, branch ? branch->dh : nullptr,
-        branch ? branch->d : DropoutSpec{}, branch ? branch->dh_sum : nullptr);
+        branch ? branch->d : DropoutSpec{}, branch ? branch->dh_sum : nullptr, prescaled);
   }
-  cpu::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx);
+  cpu::layer_norm_backward(dyc, xc, w, Tensor(), rstd, dx, dw, nullptr, accumulate_dx, prescaled);
   if (branch) cpu::dropout_add_backward(*dx, branch->d, *branch->dh);
   if (branch && branch->dh_sum) bias_grad(*branch->dh, *branch->dh_sum);
 }

@@ -15,6 +15,12 @@
 //   backward:    x̂ = x·rstd,  g = dy ⊙ w,  dx = rstd·(g - x̂ ⊙ mean_j(g ⊙ x̂)),
 //                dw = Σ_rows dy ⊙ x̂                                                  (=)
 // The backends take an undefined mean for RMSNorm.
+//   rms_norm_backward, prescaled: dy is given as rstd ⊙ dy (each row scaled by its rstd),
+//                dx = g - x̂ ⊙ mean_j(g ⊙ x̂) with g = dy ⊙ w (the same dx), dw = Σ_rows dy ⊙ x
+//                (the same dw): Note [RMSNorm folded into the QKV GEMM] in
+//                layers/attention.cpp, where the GEMM that makes dy can only make it scaled.
+// The forwards write only the statistics (and a) where y is undefined: that note's norm,
+// whose output the next GEMM computes from x and rstd instead.
 //
 // Mixed precision (GPU): x (and dx) may be in acc_dtype(w) while w, b, y, dy, dw, db are in
 // w's 16-bit dtype: the residual stream of a bf16 model stays fp32 (as under PyTorch's
@@ -80,14 +86,14 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
 void rms_norm(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd);
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                        Tensor* dx, Tensor* dw, bool accumulate_dx = false,
-                       const BranchGrad* branch = nullptr);
+                       const BranchGrad* branch = nullptr, bool prescaled = false);
 
 namespace cpu {
 void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, Tensor& y,
                 Tensor& mean, Tensor& rstd);
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
-                         bool accumulate_dx);
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
+                         bool prescaled = false);
 }  // namespace cpu
 // The CUDA backend fuses the add (h defined) and the branch gradient (dh set) into its
 // register-resident kernels where they run, else runs dropout_add(_backward) beside them.
@@ -98,7 +104,7 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
                          Tensor* dh = nullptr, const DropoutSpec& dh_d = {},
-                         Tensor* dh_sum = nullptr);
+                         Tensor* dh_sum = nullptr, bool prescaled = false);
 }  // namespace cuda
 
 }  // namespace ffn

@@ -8,6 +8,7 @@
 #include "kernels/checks.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
+#include "kernels/scale.h"
 
 namespace ffn {
 
@@ -37,7 +38,7 @@ void rope(const Tensor& qkv, int64_t heads, int64_t kv_heads, double base, bool 
 }
 
 void linear_rope(const Tensor& x, const Tensor& w, int64_t heads, int64_t kv_heads, double base,
-                 Tensor& out) {
+                 Tensor& out, const Tensor& row_scale) {
   const char* op = "linear_rope";
   check_defined(x, op, "x");
   check_defined(w, op, "w");
@@ -53,6 +54,13 @@ void linear_rope(const Tensor& x, const Tensor& w, int64_t heads, int64_t kv_hea
   const int64_t d = w.size(0) / (heads + 2 * kv_heads);
   FFN_CHECK(d % 2 == 0, "[", op, "] the head size must be even, got ", d);
   FFN_CHECK(std::isfinite(base) && base > 0, "[", op, "] base must be > 0, got ", base);
+  if (row_scale.defined()) {
+    check_shape(row_scale, {x.size(0) * x.size(1)}, op, "row_scale");
+    check_same_device(row_scale, x, op, "row_scale", "x");
+    FFN_CHECK(row_scale.dtype() == acc_dtype(x.dtype()) && row_scale.is_contiguous(), "[", op,
+              "] row_scale must be a contiguous ", dtype_name(acc_dtype(x.dtype())),
+              " tensor, got ", row_scale.desc());
+  }
   const Tensor x2 = x.contiguous().view_2d();
   Tensor o2 = out.view_2d();
   if (x.is_cuda() && gemm_epilogues() && d == 64 &&
@@ -62,10 +70,12 @@ void linear_rope(const Tensor& x, const Tensor& w, int64_t heads, int64_t kv_hea
                            {.trans_b = true,
                             .rope_base = base,
                             .rope_seq = x.size(1),
-                            .rope_cols = (heads + kv_heads) * d});
+                            .rope_cols = (heads + kv_heads) * d,
+                            .row_scale = row_scale});
   }
-  const Tensor qkv = matmul(x2, w, {.trans_b = true}).reshape(out.shape());
-  rope(qkv, heads, kv_heads, base, /*inverse=*/false, out);
+  Tensor qkv = matmul(x2, w, {.trans_b = true});
+  if (row_scale.defined()) scale_rows(qkv, row_scale, qkv);
+  rope(qkv.reshape(out.shape()), heads, kv_heads, base, /*inverse=*/false, out);
 }
 
 }  // namespace ffn

@@ -25,9 +25,11 @@ void rope(const Tensor& qkv, int64_t heads, int64_t kv_heads, double base, bool 
 // D = 64, sm90_gemm's alignment rules) and gemm_epilogues() is on, one GEMM rotates its
 // accumulators before they are rounded (Note [Fused rotary embeddings] in
 // layers/attention.cpp); elsewhere gemm() then rope(), whose results it matches within one
-// rounding.
+// rounding. row_scale (optional, f32 [B·T]): out = rope(diag(row_scale)·x·wᵀ), the scale
+// applied to the accumulators in the same epilogue (Note [RMSNorm folded into the QKV GEMM]
+// in layers/attention.cpp); elsewhere a scale_rows pass between the GEMM and the rotation.
 void linear_rope(const Tensor& x, const Tensor& w, int64_t heads, int64_t kv_heads, double base,
-                 Tensor& out);
+                 Tensor& out, const Tensor& row_scale = {});
 
 namespace cpu {
 void rope(const Tensor& qkv, int64_t heads, int64_t kv_heads, double base, bool inverse,

@@ -19,7 +19,7 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
     const T* xp = x.data<T>();
     const T* wp = w.data<T>();
     const T* bp = b.defined() ? b.data<T>() : nullptr;
-    T* yp = y.data<T>();
+    T* yp = y.defined() ? y.data<T>() : nullptr;        // none: the statistics only
     T* mp = mean.defined() ? mean.data<T>() : nullptr;  // none: RMSNorm (mean held at 0)
     T* rp = rstd.data<T>();
     for (int64_t i = 0; i < m; ++i) {
@@ -34,15 +34,16 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
       const double r = 1.0 / std::sqrt(var + eps);
       if (mp) mp[i] = static_cast<T>(mu);
       rp[i] = static_cast<T>(r);
-      for (int64_t j = 0; j < c; ++j)
-        yp[i * c + j] = static_cast<T>((row[j] - mu) * r * wp[j] + (bp ? bp[j] : T(0)));
+      if (yp)
+        for (int64_t j = 0; j < c; ++j)
+          yp[i * c + j] = static_cast<T>((row[j] - mu) * r * wp[j] + (bp ? bp[j] : T(0)));
     }
   });
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db,
-                         bool accumulate_dx) {
+                         const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
+                         bool prescaled) {
   FFN_DISPATCH_FLOAT(x.dtype(), "layer_norm_backward", [&]<class T>() {
     const int64_t m = x.size(0), c = x.size(1);
     const T* xp = x.data<T>();
@@ -58,7 +59,8 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
         const double gj = static_cast<double>(g[i * c + j]) * wp[j];
         s1 += gj;
         s2 += gj * xh[j];
-        aw[j] += g[i * c + j] * xh[j];
+        // prescaled (RMSNorm): g holds rstd·dy, so dy ⊙ x̂ is g ⊙ x.
+        aw[j] += g[i * c + j] * (prescaled ? static_cast<double>(xp[i * c + j]) : xh[j]);
         ab[j] += g[i * c + j];
       }
       s1 = mp ? s1 / static_cast<double>(c) : 0.0;  // RMSNorm has no mean term
@@ -67,7 +69,7 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
         for (int64_t j = 0; j < c; ++j) {
           const double gj = static_cast<double>(g[i * c + j]) * wp[j];
           T& out = dx->data<T>()[i * c + j];
-          const double v = rp[i] * (gj - s1 - xh[j] * s2);
+          const double v = (prescaled ? 1.0 : static_cast<double>(rp[i])) * (gj - s1 - xh[j] * s2);
           out = static_cast<T>(accumulate_dx ? static_cast<double>(out) + v : v);
         }
     }

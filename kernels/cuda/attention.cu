@@ -35,6 +35,7 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/rowwise.cuh"
+#include "kernels/scale.h"
 
 namespace ffn::cuda {
 
@@ -644,10 +645,10 @@ void fused_attention(const Tensor& qkv, int64_t heads, double scale, const Dropo
 void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                               const Tensor& lse, int64_t heads, double scale, const DropoutSpec& d,
                               Tensor& dqkv, double rope_base, AttentionKernel kernel,
-                              Tensor* dqkv_sum) {
+                              Tensor* dqkv_sum, const Tensor& row_scale) {
   if (use_sm90(qkv, heads, kernel, "fused_attention_backward"))
     return sm90_attention_backward(qkv, y, dy, lse, heads, static_cast<float>(scale), d, dqkv,
-                                   rope_base, dqkv_sum);
+                                   rope_base, dqkv_sum, row_scale);
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
   check_aligned({&qkv, &y, &dy, &dqkv}, "fused_attention_backward");
@@ -689,6 +690,10 @@ void fused_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& 
   if (dqkv_sum) {
     const Tensor d2 = dqkv.view_2d();
     ffn::bias_grad(d2, *dqkv_sum);
+  }
+  if (row_scale.defined()) {  // the mma.sync kernels store unscaled: a pass of its own
+    Tensor d2 = dqkv.view_2d();
+    cuda::scale_rows(d2, row_scale, d2);
   }
 }
 

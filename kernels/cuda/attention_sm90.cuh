@@ -325,17 +325,19 @@ __device__ __forceinline__ void to_a(const float (&s)[N / 2], u32 (&a)[N / 16][4
 // embeddings]); the lane's column 8n + 2(lane % 4) + e (n < 4) pairs with n + 4's.
 // sums (optional): the thread's column sums of what it stores, added to sums[2n + e] for its
 // column 8n + 2(lane % 4) + e (n < 8), the 16-bit values as stored (Note [QKV bias gradient
-// in the attention backward], attention_sm90_bwd.cu).
+// in the attention backward], attention_sm90_bwd.cu). rs (optional): row r0 + g (+8) also
+// times rs[that row], loaded here (Note [RMSNorm folded into the QKV GEMM]).
 template <class T>
 __device__ __forceinline__ void store_rows(const float (&acc)[32], float mul0, float mul1, T* g,
                                            int64_t ld, int64_t r0, int64_t t, int lane,
-                                           const float2* rope = nullptr, float* sums = nullptr) {
+                                           const float2* rope = nullptr, float* sums = nullptr,
+                                           const float* rs = nullptr) {
   const int gr = lane >> 2, c = lane & 3;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int64_t row = r0 + gr + 8 * half;
     if (row >= t) continue;
-    const float mul = half ? mul1 : mul0;
+    const float mul = (half ? mul1 : mul0) * (rs ? __ldg(rs + row) : 1.0f);
     float v[16];
 #pragma unroll
     for (int n = 0; n < 8; ++n)
@@ -407,6 +409,9 @@ struct Geometry {
   int64_t t;
   int heads;
   float scale;
+  // The backward's optional row scale of dqkv, [B·T] (Note [RMSNorm folded into the QKV GEMM]
+  // in layers/attention.cpp): row r of sequence b stored times row_scale[b·T + r].
+  const float* row_scale = nullptr;
 };
 
 

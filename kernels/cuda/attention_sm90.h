@@ -48,6 +48,7 @@ void sm90_attention_forward(const Tensor& qkv, int64_t heads, float scale, const
 // (kernels/attention.h's fused_attention_backward).
 void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                              const Tensor& lse, int64_t heads, float scale, const DropoutSpec& d,
-                             Tensor& dqkv, double rope_base = 0, Tensor* dqkv_sum = nullptr);
+                             Tensor& dqkv, double rope_base = 0, Tensor* dqkv_sum = nullptr,
+                             const Tensor& row_scale = {});
 
 }  // namespace ffn::cuda

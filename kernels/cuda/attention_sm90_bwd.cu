@@ -121,7 +121,24 @@ __device__ __forceinline__ void set_counter(int* c, int value) {
 // ---------------------------------------------------------------------------------------
 // Backward dk/dv: 128 keys per CTA, 64-query tiles from the diagonal on.
 
-template <class T, bool DROP>
+// Note [RMSNorm folded into the QKV GEMM] (layers/attention.cpp): the row scales of this
+// lane's two rows r0 + gr and r0 + gr + 8 of sequence bh / heads (1 past T). Without dropout
+// the callers load them a product ahead of the stores that use them: loaded at the stores
+// (store_rows' rs, as the dropout kernels do), their global-memory latency stalled each unit's
+// three stores (session 50: the dk/dv kernel 4% slower at a d768 shape).
+[[maybe_unused]] __device__ __forceinline__ float2 row_scales(const Geometry& g, int64_t bh,
+                                                              int64_t r0, int gr) {
+  const float* rs = g.row_scale + (bh / g.heads) * g.t;
+  const int64_t r = r0 + gr;
+  return make_float2(r < g.t ? __ldg(rs + r) : 1.0f, r + 8 < g.t ? __ldg(rs + r + 8) : 1.0f);
+}
+
+// SCALE: g.row_scale is set (a separate instantiation, so the kernels without it hold no
+// registers for it: loaded a product ahead at run time, the dropout kernels spilled 36-40
+// bytes where they spill 4-8). With dropout too, store_rows loads them at the stores: held
+// across the products (or loaded two at a time before the stores) they spilled 36-60 bytes,
+// and llama_char's folded step was 1% slower than with these loads (session 50).
+template <class T, bool DROP, bool SCALE>
 __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, int base, int64_t bh,
                             const float* lse, const float* dsum, T* dqkv, int64_t k0, int nit,
                             const DeviceMask& mask, const float2* rope, bool last_unit,
@@ -233,7 +250,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
                    : "memory");
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   };
-  auto final_dq = [&](float (&dq)[32], int it) {
+  auto final_dq = [&](float(&dq)[32], int it, float2 rq) {
     if (k0 > 0) {
       asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #pragma unroll
@@ -246,14 +263,15 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
     T* dqg = dqkv + b * t * ld + h * kD;
     const int64_t r0 = k0 + 64LL * it + 16 * warp;
+    const float* rs = SCALE && DROP ? g.row_scale + b * t : nullptr;  // loaded by store_rows
     if (!dbpart) {
-      store_rows<T>(dq, g.scale, g.scale, dqg, ld, r0, t, lane, rope);
+      store_rows<T>(dq, g.scale * rq.x, g.scale * rq.y, dqg, ld, r0, t, lane, rope, nullptr, rs);
       return;
     }
     float sq[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) sq[i] = 0.0f;
-    store_rows<T>(dq, g.scale, g.scale, dqg, ld, r0, t, lane, rope, sq);
+    store_rows<T>(dq, g.scale * rq.x, g.scale * rq.y, dqg, ld, r0, t, lane, rope, sq, rs);
     const int64_t qtiles = (t + 63) / 64, tile = k0 / 64 + it;
     warpgroup_column_sums(sq, red_of(p, c, 2), tid, 1 + c,
                           dbpart + (b * qtiles + tile) * ld + h * kD);
@@ -287,6 +305,10 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
       wait_counter(counters + tile, static_cast<int>(k0 / 128), false);
       stage_sum(dqacc + tile * kDqFloats);
     }
+    // The row scales of the tile's rows, if it is the query tile's last key block.
+    float2 rq = make_float2(1.0f, 1.0f);
+    if constexpr (SCALE && !DROP)
+      if (it < 2) rq = row_scales(g, bh, k0 + 64LL * it + 16 * warp, gr);
     named_barrier_sync(kDsFull + tb, 256);
     float dq[32];
     wgmma_fence();
@@ -300,7 +322,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     fence_accumulators(dq);
     named_barrier_arrive(kDsRead + tb, 256);
     if (it < 2) {  // the query tile's last key block: dq itself
-      final_dq(dq, it);
+      final_dq(dq, it, rq);
       return;
     }
     const uint32_t phase = dq_uses++ & 1;
@@ -337,6 +359,8 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
     to_a<T, 64>(dp, da);
     dq_part(it);
   }
+  float2 rk = make_float2(1.0f, 1.0f);  // the warp's keys' row scales, for the stores below
+  if constexpr (SCALE && !DROP) rk = row_scales(g, bh, kw, gr);
   wgmma_fence();
   issue_dkv(nit - 1);
   wgmma_wait<0>();
@@ -353,9 +377,11 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   }
   const int64_t b = bh / g.heads, h = bh % g.heads, ld = 3LL * g.heads * kD;
   T* dkg = dqkv + b * t * ld + (g.heads + h) * kD;
+  const float* rs = SCALE && DROP ? g.row_scale + b * t : nullptr;  // loaded by store_rows
   if (!dbpart) {
-    store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane, rope);
-    store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane);
+    store_rows<T>(dk, g.scale * rk.x, g.scale * rk.y, dkg, ld, kw, t, lane, rope, nullptr, rs);
+    store_rows<T>(dv, rk.x, rk.y, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane,
+                  nullptr, nullptr, rs);
     return;
   }
   // Note [QKV bias gradient in the attention backward]: the warpgroup's 64 keys are query
@@ -363,9 +389,9 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   float sk[16], sv[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) sk[i] = sv[i] = 0.0f;
-  store_rows<T>(dk, g.scale, g.scale, dkg, ld, kw, t, lane, rope, sk);
-  store_rows<T>(dv, 1.0f, 1.0f, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane,
-                nullptr, sv);
+  store_rows<T>(dk, g.scale * rk.x, g.scale * rk.y, dkg, ld, kw, t, lane, rope, sk, rs);
+  store_rows<T>(dv, rk.x, rk.y, dkg + static_cast<int64_t>(g.heads) * kD, ld, kw, t, lane, nullptr,
+                sv, rs);
   const int64_t qtiles = (t + 63) / 64, tile = k0 / 64 + c;
   float* out = tile < qtiles ? dbpart + (b * qtiles + tile) * ld + (g.heads + h) * kD : nullptr;
   warpgroup_column_sums(sk, red_of(p, c, 0), tid, 1 + c, out);
@@ -429,7 +455,7 @@ __device__ void dkv_consume(const BwdPipe& p, const Geometry& g, int c, int j, i
   }
 }
 
-template <class T, bool DROP, bool ROPE>
+template <class T, bool DROP, bool ROPE, bool SCALE>
 __global__ void __launch_bounds__(kThreads<>, 1)
     dkv_kernel(const __grid_constant__ CUtensorMap qkv128,
                const __grid_constant__ CUtensorMap qkv64, const __grid_constant__ CUtensorMap dy64,
@@ -469,10 +495,10 @@ __global__ void __launch_bounds__(kThreads<>, 1)
         int64_t bh, k0;
         int nit;
         unit(u, bh, k0, nit);
-        dkv_consume<T, DROP>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0, nit,
-                             mask, ROPE ? rope : nullptr,
-                             units.at(j + 1, blockIdx.x, gridDim.x) >= units.count(), dbpart,
-                             dqacc, counters, dq_uses);
+        dkv_consume<T, DROP, SCALE>(p, g, threadIdx.x / 128 - 1, j, base, bh, lse, dsum, dqkv, k0,
+                                    nit, mask, ROPE ? rope : nullptr,
+                                    units.at(j + 1, blockIdx.x, gridDim.x) >= units.count(), dbpart,
+                                    dqacc, counters, dq_uses);
         return nit;
       },
       side);
@@ -516,7 +542,8 @@ __global__ void dsum_kernel(const T* y, const T* dy, float* dsum, int64_t rows, 
 
 void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& dy,
                              const Tensor& lse, int64_t heads, float scale, const DropoutSpec& d,
-                             Tensor& dqkv, double rope_base, Tensor* dqkv_sum) {
+                             Tensor& dqkv, double rope_base, Tensor* dqkv_sum,
+                             const Tensor& row_scale) {
   using namespace attn90;
   const char* op = "fused_attention_backward";
   FFN_CHECK(sm90_attention_supported(qkv, heads) && aligned16(y) && aligned16(dy) &&
@@ -525,7 +552,8 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
   const int dev = qkv.device().index;
   DeviceGuard guard(dev);
   const int64_t b = qkv.size(0), t = qkv.size(1);
-  const Geometry g{t, static_cast<int>(heads), scale};
+  const Geometry g{t, static_cast<int>(heads), scale,
+                   row_scale.defined() ? static_cast<const float*>(row_scale.data_ptr()) : nullptr};
   const DeviceMask mask = DeviceMask::from(d);
   const CUtensorMap q128 = rows_map(qkv, 128, op), q64 = rows_map(qkv, 64, op);
   const CUtensorMap dy64 = rows_map(dy, 64, op);
@@ -556,7 +584,7 @@ void sm90_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& d
         yp, dyp, dsum.data<float>(), rows, t, g.heads, static_cast<int*>(counters.data_ptr()),
         counters.numel());
     FFN_CHECK_LAUNCH();
-    auto* k = dkv_kernel<T, DROP, ROPE>;
+    auto* k = g.row_scale ? dkv_kernel<T, DROP, ROPE, true> : dkv_kernel<T, DROP, ROPE, false>;
     allow_dynamic_smem(reinterpret_cast<const void*>(k), BwdPipe::kSmem);
     k<<<grid, kThreads<>, BwdPipe::kSmem, stream(dev)>>>(
         q128, q64, dy64, lse.data<float>(), dsum.data<float>(), dq, g, units, mask, rope,

@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     if (mean) mean[row] = static_cast<S>(mu);
     rstd[row] = static_cast<S>(r);
   }
+  if (!y) return;  // the statistics only (kernels/layer_norm.h)
   T* yr = y + row * c;
   for (int64_t j = threadIdx.x; j < c; j += 32) {
     const A o = (to_acc(xr[j]) - mu) * r * to_acc(w[j]) + (b ? to_acc(b[j]) : A(0));
@@ -105,6 +106,7 @@ __global__ void __launch_bounds__(32 * kWarps)
     if (mean) mean[row] = static_cast<S>(mu);
     rstd[row] = static_cast<S>(r);
   }
+  if (!y) return;  // the statistics only (kernels/layer_norm.h)
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < nv) {
@@ -121,7 +123,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 template <class X, class T, class S>
 __global__ void __launch_bounds__(32 * kWarps)
     ln_dx_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
-                 bool accumulate, int64_t m, int64_t c) {
+                 bool accumulate, int64_t m, int64_t c, bool prescaled) {
   using A = acc_t<T>;
   const int64_t row = int64_t{blockIdx.x} * kWarps + threadIdx.y;
   if (row >= m) return;
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   for (int64_t j = threadIdx.x; j < c; j += 32) {
     const A g = to_acc(gr[j]) * to_acc(w[j]);
     const A xh = (to_acc(xr[j]) - mu) * r;
-    const A v = r * (g - s1 - xh * s2);
+    const A v = (prescaled ? A(1) : r) * (g - s1 - xh * s2);  // prescaled: dy is rstd·dy
     out[j] = from_acc<X>(accumulate ? to_acc(out[j]) + v : v);
   }
 }
@@ -200,7 +202,9 @@ constexpr int bwd_smem_bytes() {
 // warp loads its next row after storing the current one, 48 bytes spilled) two blocks an SM
 // still win: GPT-2's backward 0.072–0.073 → 0.069–0.070 ms, gpt2_small's step 29.62 → 29.41
 // ms (alternated twice, session 40). K = 4 keeps one block and the prefetch.
-template <class X, class T, class S, int K, bool kDhSum>
+// kPrescaled (RMSNorm, kernels/layer_norm.h): dy holds rstd·dy. A template argument: as a
+// run-time flag its two factors a row added 8-24 bytes of spills to these kernels (session 50).
+template <class X, class T, class S, int K, bool kDhSum, bool kPrescaled>
 __global__ void __launch_bounds__(32 * kWarps, K <= 3 ? 2 : 1)
     ln_backward_kernel(const T* dy, const X* x, const T* w, const S* mean, const S* rstd, X* dx,
                        bool accumulate, float* partials, int64_t m, int c, T* dh, DeviceMask mask) {
@@ -233,6 +237,8 @@ __global__ void __launch_bounds__(32 * kWarps, K <= 3 ? 2 : 1)
         load_bwd_row<X, T, K>(next, dy, x, dx, accumulate, row + kWarps, c, lane);
     const float mu = mean ? static_cast<float>(mean[row]) : 0.0f;
     const float r = static_cast<float>(rstd[row]);
+    // kPrescaled: dx drops its leading rstd and dw's terms dy ⊙ x̂ are dy ⊙ x̂ / rstd.
+    const float lead = kPrescaled ? 1.0f : r, xs = kPrescaled ? 1.0f / r : 1.0f;
     float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k)
@@ -256,8 +262,8 @@ __global__ void __launch_bounds__(32 * kWarps, K <= 3 ? 2 : 1)
             float4& ab = sum_at(1, k, h);
             const float* gg = cur.g[k] + 4 * h;
             const float* xh = cur.x[k] + 4 * h;
-            aw = make_float4(aw.x + gg[0] * xh[0], aw.y + gg[1] * xh[1], aw.z + gg[2] * xh[2],
-                             aw.w + gg[3] * xh[3]);
+            aw = make_float4(aw.x + gg[0] * (xh[0] * xs), aw.y + gg[1] * (xh[1] * xs),
+                             aw.z + gg[2] * (xh[2] * xs), aw.w + gg[3] * (xh[3] * xs));
             ab = make_float4(ab.x + gg[0], ab.y + gg[1], ab.z + gg[2], ab.w + gg[3]);
           }
         if (!dx) continue;
@@ -265,7 +271,7 @@ __global__ void __launch_bounds__(32 * kWarps, K <= 3 ? 2 : 1)
         float o[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-          o[j] = cur.prev[k][j] + r * (cur.g[k][j] * wv[k][j] - s1 - cur.x[k][j] * s2);
+          o[j] = cur.prev[k][j] + lead * (cur.g[k][j] * wv[k][j] - s1 - cur.x[k][j] * s2);
         store_vec<8>(out, o);
         if (dh) {  // dropout_add_backward's arithmetic on the value dx holds (rounded to X)
           const int64_t i0 = row * c + 8 * (lane + 32 * k);
@@ -318,6 +324,7 @@ struct LnParamGrads {
   const S* mean;
   const S* rstd;
   int64_t n;
+  bool prescaled;  // dy holds rstd·dy (RMSNorm): dy ⊙ x̂ is dy ⊙ x
 
   template <int VEC, int U>
   __device__ __forceinline__ void apply(const int64_t (&rows)[U], const bool (&ok)[U], int64_t c0,
@@ -329,7 +336,7 @@ struct LnParamGrads {
     for (int u = 0; u < U; ++u) {
       if (!ok[u]) continue;
       const A mu = mean ? static_cast<A>(mean[rows[u]]) : A(0);
-      const A r = static_cast<A>(rstd[rows[u]]);
+      const A r = prescaled ? A(1) : static_cast<A>(rstd[rows[u]]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         acc[0][j] += g[u][j] * ((xv[u][j] - mu) * r);
@@ -404,7 +411,7 @@ void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps, T
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                          const Tensor& rstd, Tensor* dx, Tensor* dw, Tensor* db, bool accumulate_dx,
-                         Tensor* dh, const DropoutSpec& dh_d, Tensor* dh_sum) {
+                         Tensor* dh, const DropoutSpec& dh_d, Tensor* dh_sum, bool prescaled) {
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   const int64_t m = x.size(0), c = x.size(1);
@@ -433,11 +440,18 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
                 dptr<X>(dx), accumulate_dx, partials.defined() ? partials.data<float>() : nullptr,
                 m, static_cast<int>(c), dh ? dptr<T>(*dh) : nullptr, DeviceMask::from(dh_d));
           };
-          if constexpr (K <= 3) {
-            if (sum_dh)
-              return launch(ln_backward_kernel<X, T, S, K, true>, bwd_smem_bytes<K, true>());
-          }
-          launch(ln_backward_kernel<X, T, S, K, false>, bwd_smem_bytes<K, false>());
+          auto run = [&]<bool kPre>() {
+            if constexpr (K <= 3) {
+              if (sum_dh)
+                return launch(ln_backward_kernel<X, T, S, K, true, kPre>,
+                              bwd_smem_bytes<K, true>());
+            }
+            launch(ln_backward_kernel<X, T, S, K, false, kPre>, bwd_smem_bytes<K, false>());
+          };
+          if (prescaled)
+            run.template operator()<true>();
+          else
+            run.template operator()<false>();
         });
         FFN_CHECK_LAUNCH();
         if (dh && dh_sum && !sum_dh) bias_grad(*dh, *dh_sum);
@@ -458,15 +472,15 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, con
       const unsigned blocks = static_cast<unsigned>((m + kWarps - 1) / kWarps);
       ln_dx_kernel<X, T, S><<<blocks, dim3(32, kWarps), 0, stream(dev)>>>(
           dptr<T>(dy), dptr<X>(x), dptr<T>(w), stat_ptr<S>(mean), stat_ptr<S>(rstd), dptr<X>(dx),
-          accumulate_dx, m, c);
+          accumulate_dx, m, c, prescaled);
       FFN_CHECK_LAUNCH();
       if (dh) cuda::dropout_add_backward(*dx, dh_d, *dh);  // the general path: a pass of its own
       if (dh && dh_sum) bias_grad(*dh, *dh_sum);
     }
     if (!sums) return;
     Tensor both = Tensor::empty({2 * c}, w.dtype(), w.device());
-    const LnParamGrads<X, T, S> op{dptr<T>(dy), dptr<X>(x), stat_ptr<S>(mean), stat_ptr<S>(rstd),
-                                   c};
+    const LnParamGrads<X, T, S> op{dptr<T>(dy),       dptr<X>(x), stat_ptr<S>(mean),
+                                   stat_ptr<S>(rstd), c,          prescaled};
     // A vector of x spans VEC·sizeof(X) bytes (32 for fp32 x with bf16 w): require that.
     constexpr int kVec = 16 / sizeof(T);
     const bool aligned = can_vectorize(kVec, c, {op.dy, op.x}) &&

@@ -12,6 +12,7 @@
 #include "kernels/cuda/attention_sm90.h"
 #include "kernels/gemm.h"
 #include "kernels/rope.h"
+#include "kernels/scale.h"
 #include "layers/functional.h"
 #include "tests/kernels/kernel_tests.h"
 #include "tests/test_util.h"
@@ -416,6 +417,67 @@ FFN_GPU_TEST("fused attention backward rotates dq and dk back in its stores (bot
           CHECK_MESSAGE(max_abs_diff(f64, again.to(Device::cpu()).to(DType::f64)) == 0.0,
                         "deterministic ", tag);
         }
+}
+
+FFN_GPU_TEST("fused attention backward scales dqkv's rows in its stores (both kernels)") {
+  // row_scale (Note [RMSNorm folded into the QKV GEMM]): against the unscaled backward (with
+  // the rotation back) followed by scale_rows: the same values up to that path's extra
+  // rounding (one bf16/f16 rounding of values within max|dqkv|·max s of each other).
+  Generator g(29);
+  struct Case {
+    int64_t b, t, h, d;
+  };
+  for (Case cs : {Case{1, 7, 2, 64}, Case{2, 300, 2, 64}, Case{2, 77, 3, 32}})
+    for (double base : {0.0, 10000.0})
+      for (cuda::AttentionKernel kernel :
+           {cuda::AttentionKernel::mma_sync, cuda::AttentionKernel::sm90}) {
+        const DType dt = DType::bf16;
+        const int64_t c = cs.h * cs.d;
+        const Tensor qkv = rand64({cs.b, cs.t, 3 * c}, g).to(dt).to(kGpu);
+        if (kernel == cuda::AttentionKernel::sm90 && !cuda::sm90_attention_supported(qkv, cs.h))
+          continue;
+        const Tensor dy = rand64({cs.b, cs.t, c}, g).to(dt).to(kGpu);
+        const Tensor rs = rand64({cs.b * cs.t}, g, 1.0)
+                              .plus(Tensor::full({cs.b * cs.t}, 1.5, DType::f64))
+                              .to(DType::f32)
+                              .to(kGpu);  // in [0.5, 2.5)
+        const DropoutSpec d{0.2f, 3, 9};
+        const double scale = 1.0 / std::sqrt(static_cast<double>(cs.d));
+        Tensor y = Tensor::empty({cs.b, cs.t, c}, dt, kGpu);
+        Tensor lse = Tensor::empty({cs.b * cs.h, cs.t}, DType::f32, kGpu);
+        cuda::fused_attention(qkv, cs.h, scale, d, y, lse, kernel);
+        Tensor got = Tensor::full(qkv.shape(), NAN, dt, kGpu), again = got.clone();
+        Tensor plain = Tensor::empty(qkv.shape(), dt, kGpu);
+        cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, got, base, kernel, nullptr,
+                                       rs);
+        cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, again, base, kernel,
+                                       nullptr, rs);
+        cuda::fused_attention_backward(qkv, y, dy, lse, cs.h, scale, d, plain, base, kernel);
+        Tensor p2 = plain.view_2d();
+        scale_rows(p2, rs, p2);
+        const std::string tag = "T=" + std::to_string(cs.t) + " D=" + std::to_string(cs.d) +
+                                " rope " + std::to_string(base > 0) +
+                                (kernel == cuda::AttentionKernel::sm90 ? " sm90" : " mma.sync");
+        const Tensor f64 = got.to(Device::cpu()).to(DType::f64);
+        const Tensor r64 = plain.to(Device::cpu()).to(DType::f64);
+        for (double v : f64.to_vector()) REQUIRE_MESSAGE(std::isfinite(v), tag);
+        const double u = std::ldexp(1.0, -8);
+        CHECK_MESSAGE(max_abs_diff(f64, r64) <= 2 * u * max_abs(r64), "row scale ", tag, ": ",
+                      max_abs_diff(f64, r64), " vs ", max_abs(r64));
+        CHECK_MESSAGE(max_abs_diff(f64, again.to(Device::cpu()).to(DType::f64)) == 0.0,
+                      "deterministic ", tag);
+      }
+  // The front door's checks.
+  const Tensor qkv = Tensor::zeros({1, 4, 3 * 64}, DType::bf16, kGpu);
+  Tensor y = Tensor::zeros({1, 4, 64}, DType::bf16, kGpu), dq = qkv.clone();
+  Tensor lse = Tensor::zeros({1, 4}, DType::f32, kGpu),
+         db = Tensor::zeros({192}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH_AS(fused_attention_backward(qkv, y, y, lse, 1, 0.125, {}, dq, 0, nullptr,
+                                                Tensor::zeros({3}, DType::f32, kGpu)),
+                       doctest::Contains("[fused_attention_backward] row_scale.shape=[3]"), Error);
+  CHECK_THROWS_WITH_AS(fused_attention_backward(qkv, y, y, lse, 1, 0.125, {}, dq, 0, &db,
+                                                Tensor::zeros({4}, DType::f32, kGpu)),
+                       doctest::Contains("row_scale and dqkv_sum together"), Error);
 }
 
 // Note [Attention backward in one pass]: the Hopper dk/dv kernel adds each key block's dQ

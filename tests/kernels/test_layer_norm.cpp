@@ -7,6 +7,7 @@
 #include "kernels/bias_act_dropout.h"
 #include "kernels/dropout_add.h"
 #include "kernels/layer_norm.h"
+#include "kernels/scale.h"
 #include "layers/functional.h"
 #include "tests/kernels/kernel_tests.h"
 #include "tests/test_util.h"
@@ -206,6 +207,97 @@ TEST_CASE("rms_norm matches its formula and passes FD checks (x, w); bad inputs 
   Tensor bad = Tensor::empty({3}, DType::f64);
   CHECK_THROWS_WITH_AS(rms_norm_backward(dy, x, w, bad, &dx, nullptr),
                        doctest::Contains("[rms_norm_backward] rstd"), Error);
+}
+
+// kernels/layer_norm.h's prescaled backward (Note [RMSNorm folded into the QKV GEMM]): given
+// rstd ⊙ dy it gives the plain backward's dx and dw; and a forward without y writes the same
+// statistics (and a) as with it.
+TEST_CASE("rms_norm: the prescaled backward and the statistics-only forward equal the plain ones") {
+  Generator g(25);
+  for (const Shape& s : {Shape{1, 1}, Shape{7, 13}, Shape{129, 257}}) {
+    const int64_t m = s[0], c = s[1];
+    const Tensor x = rand64(s, g, 2.0), w = rand64({c}, g), dy = rand64(s, g);
+    Tensor y = Tensor::empty(s, DType::f64), rstd = Tensor::empty({m}, DType::f64);
+    rms_norm(x, w, 1e-6, y, rstd);
+    Tensor none, rstd2 = Tensor::empty({m}, DType::f64);
+    rms_norm(x, w, 1e-6, none, rstd2);
+    CHECK(max_abs_diff(rstd2, rstd) == 0.0);
+    Tensor dys = Tensor::empty(s, DType::f64);
+    scale_rows(dy, rstd, dys);
+    Tensor dx = Tensor::empty(s, DType::f64), dw = Tensor::empty({c}, DType::f64);
+    Tensor dx2 = Tensor::empty(s, DType::f64), dw2 = Tensor::empty({c}, DType::f64);
+    rms_norm_backward(dy, x, w, rstd, &dx, &dw);
+    rms_norm_backward(dys, x, w, rstd, &dx2, &dw2, false, nullptr, /*prescaled=*/true);
+    CHECK_MESSAGE(max_abs_diff(dx2, dx) <= 1e-13 * std::max(1.0, max_abs(dx)), shape_str(s));
+    CHECK_MESSAGE(max_abs_diff(dw2, dw) <= 1e-13 * std::max(1.0, max_abs(dw)), shape_str(s));
+    // The add before it: a and rstd as with y.
+    const Tensor res = rand64(s, g), h = rand64(s, g);
+    const DropoutSpec d{0.25f, 5, 2};
+    Tensor a = Tensor::empty(s, DType::f64), a2 = Tensor::empty(s, DType::f64), no_mean;
+    add_layer_norm(res, h, d, w, Tensor(), 1e-6, a, y, no_mean, rstd);
+    add_layer_norm(res, h, d, w, Tensor(), 1e-6, a2, none, no_mean, rstd2);
+    CHECK(max_abs_diff(a2, a) == 0.0);
+    CHECK(max_abs_diff(rstd2, rstd) == 0.0);
+  }
+}
+
+FFN_GPU_TEST("rms_norm on the GPU: the prescaled backward and the statistics-only forward") {
+  // Against the f64 CPU given the same (16-bit) inputs, the fused one-pass kernel (C % 8 == 0
+  // up to 1024) and the per-row kernel; and the forward without y gives the forward's rstd
+  // and a bit for bit.
+  Generator g(35);
+  for (auto [m, c] : {std::pair<int64_t, int64_t>{37, 3}, {64, 384}, {200, 1000}, {9, 4097}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const Tensor x = rand64({m, c}, g, 3.0).to(dt).to(DType::f64);
+      const Tensor w = rand64({c}, g).to(dt).to(DType::f64);
+      const DType sd = acc_dtype(dt);
+      auto run = [&](DType t, Device d) {
+        Tensor y = Tensor::empty({m, c}, t, d), rs = Tensor::empty({m}, acc_dtype(t), d);
+        rms_norm(x.to(t).to(d), w.to(t).to(d), 1e-6, y, rs);
+        return rs;
+      };
+      const Tensor rs_gpu = run(dt, kGpu);
+      // dy prescaled on the CPU from the GPU's rstd, rounded to dt: the input as a GEMM makes it.
+      const Tensor dys = rand64({m, c}, g).to(dt).to(DType::f64);
+      auto back = [&](DType t, Device d, const Tensor& rs) {
+        Tensor dx = Tensor::empty({m, c}, t, d), dw = Tensor::empty({c}, t, d);
+        rms_norm_backward(dys.to(t).to(d), x.to(t).to(d), w.to(t).to(d), rs.to(d), &dx, &dw, false,
+                          nullptr, /*prescaled=*/true);
+        return std::vector<Tensor>{dx, dw};
+      };
+      const auto gpu = back(dt, kGpu, rs_gpu);
+      const auto r64 = back(DType::f64, Device::cpu(), rs_gpu.to(Device::cpu()).to(DType::f64));
+      const auto r32 = back(DType::f32, Device::cpu(), rs_gpu.to(Device::cpu()).to(DType::f32));
+      const char* names[] = {"dx", "dw"};
+      for (int i = 0; i < 2; ++i) {
+        std::string what("prescaled rms_norm_backward ");
+        what.append(names[i])
+            .append(" ")
+            .append(dtype_name(dt))
+            .append(" ")
+            .append(std::to_string(m))
+            .append("x")
+            .append(std::to_string(c));
+        check_against_reference(
+            gpu[i], r64[i], r32[i], dt, what,
+            {.reduce_len = static_cast<double>(i == 1 ? m : c), .term_bound = 4 * max_abs(r64[i])});
+      }
+      Tensor none, rs2 = Tensor::empty({m}, sd, kGpu);
+      rms_norm(x.to(dt).to(kGpu), w.to(dt).to(kGpu), 1e-6, none, rs2);
+      CHECK(max_abs_diff(rs2.to(Device::cpu()), rs_gpu.to(Device::cpu())) == 0.0);
+      if (dt != DType::bf16) continue;
+      const Tensor res = rand64({m, c}, g).to(dt), h = rand64({m, c}, g).to(dt);
+      const DropoutSpec d{0.25f, 5, 2};
+      Tensor a = Tensor::empty({m, c}, dt, kGpu), a2 = Tensor::empty({m, c}, dt, kGpu), no_mean;
+      Tensor y = Tensor::empty({m, c}, dt, kGpu), rs3 = Tensor::empty({m}, sd, kGpu);
+      add_layer_norm(res.to(kGpu), h.to(kGpu), d, w.to(dt).to(kGpu), Tensor(), 1e-6, a, y, no_mean,
+                     rs2);
+      add_layer_norm(res.to(kGpu), h.to(kGpu), d, w.to(dt).to(kGpu), Tensor(), 1e-6, a2, none,
+                     no_mean, rs3);
+      CHECK(max_abs_diff(a2.to(Device::cpu()).to(DType::f64), a.to(Device::cpu()).to(DType::f64)) ==
+            0.0);
+      CHECK(max_abs_diff(rs3.to(Device::cpu()), rs2.to(Device::cpu())) == 0.0);
+    }
 }
 
 // The same shapes as LayerNorm's: the one-pass backward kernel (C % 8 == 0 up to 1024, 16-bit

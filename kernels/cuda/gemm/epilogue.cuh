@@ -8,8 +8,10 @@
 //   StoreC          C = acc (+ bias[col]), stored from registers (any N)
 //   StoreCTma       the same through shared memory and TMA stores (N % 8 == 0): the stores
 //                   run asynchronously while the warpgroup goes on to its next tile; with
-//                   ROPE, the first columns (heads of 64) rotated by rotary embeddings first
-//                   (Note [Fused rotary embeddings] in layers/attention.cpp)
+//                   ROW_OPS (the variant that knows its rows), each row first scaled by
+//                   row_scale[row] where given (before the bias; Note [RMSNorm folded into
+//                   the QKV GEMM] in layers/attention.cpp) and the first columns (heads of 64)
+//                   rotated by rotary embeddings where given (Note [Fused rotary embeddings])
 //   StorePartial    split-K: fp32 partial sums into a workspace (Note [Split-K])
 //   BiasActDropout  z = round(acc) (stored if asked), hd = dropout(act(z + b1)): fc1 of the
 //                   plain FFN. z is rounded to T before the bias exactly as the unfused path
@@ -188,17 +190,20 @@ struct StorePartial {
 // MMAs start at once.
 // The rotation StoreCTma<T, true> applies: columns [0, cols) of C are heads of 64 whose
 // row r is at sequence position r % t; table is rope_table(dev, t, 64, base) ([t, 32]).
+// cols = 0: none.
 struct RopeEpi {
   const float2* table = nullptr;
   int t = 0;
   int cols = 0;
 };
 
-template <class T, bool ROPE = false>
+template <class T, bool ROW_OPS = false>
 struct StoreCTma {
   const T* bias;  // optional [n]
   int n;
-  RopeEpi rope{};  // ROPE only
+  RopeEpi rope{};                    // ROW_OPS only
+  const float* row_scale = nullptr;  // ROW_OPS only, optional [m]
+  int m = 0;                         // ROW_OPS only: C's rows
 
   template <int BN, int ROWS>
   static constexpr int kScratchBytes = 2 * 64 * 64 * 2;
@@ -206,6 +211,12 @@ struct StoreCTma {
   template <int R>
   __device__ __forceinline__ void tile(const float (&acc)[R], const TileCtx& t) const {
     const int lane = t.wg_thread % 32, r = 16 * (t.wg_thread / 32) + lane / 4;
+    float s0 = 1.0f, s1 = 1.0f;  // the row scales of rows r and r + 8
+    if constexpr (ROW_OPS)
+      if (row_scale) {
+        s0 = t.rows + r < m ? __ldg(row_scale + t.rows + r) : 0.0f;
+        s1 = t.rows + r + 8 < m ? __ldg(row_scale + t.rows + r + 8) : 0.0f;
+      }
 #pragma unroll
     for (int q = 0; q < R / 32; ++q) {  // 64-column subtiles: R / 32 = BN / 64
       uint8_t* buf = t.scratch + ((t.sub + q) & 1) * (64 * 64 * 2);
@@ -217,6 +228,8 @@ struct StoreCTma {
         const int i = 4 * (8 * q + j);
         v[4 * j] = acc[i], v[4 * j + 1] = acc[i + 1], v[4 * j + 2] = acc[i + 2];
         v[4 * j + 3] = acc[i + 3];
+        if constexpr (ROW_OPS)
+          v[4 * j] *= s0, v[4 * j + 1] *= s0, v[4 * j + 2] *= s1, v[4 * j + 3] *= s1;
         if (bias) {
           const int col = t.col0 + 64 * q + 8 * j;
           const float b0 = col < n ? to_acc(__ldg(bias + col)) : 0.0f;
@@ -224,7 +237,7 @@ struct StoreCTma {
           v[4 * j] += b0, v[4 * j + 1] += b1, v[4 * j + 2] += b0, v[4 * j + 3] += b1;
         }
       }
-      if constexpr (ROPE)
+      if constexpr (ROW_OPS)
         if (t.cols + 64 * q < rope.cols) rotate(v, t.rows + r, lane);
       stage_box<T>(v, 0, buf, t.wg_thread);  // Note [Staging with stmatrix]
       fence_proxy_async_smem();

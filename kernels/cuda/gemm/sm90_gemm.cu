@@ -98,7 +98,7 @@ void dispatch_fused(const Tensor& a, const Tensor& b, const Tensor& c,
 template <class T, bool A_MN, bool B_MN>
 void dispatch_plain(const Tensor& a, const Tensor& b, Tensor& c, const T* bias, bool tma,
                     Sm90Schedule schedule, int forced_splits, int tile_n, int group_m,
-                    const RopeEpi& rope) {
+                    const RopeEpi& rope, const float* row_scale) {
   const int dev = a.device().index;
   const int64_t m = c.size(0), n = c.size(1), k = A_MN ? a.size(0) : a.size(1);
   const cudaDeviceProp& props = properties(dev);
@@ -119,9 +119,11 @@ void dispatch_plain(const Tensor& a, const Tensor& b, Tensor& c, const T* bias, 
     FFN_CHECK_CUDA(cudaGetLastError());
     return;
   }
-  if constexpr (!A_MN && !B_MN) {  // x·Wᵀ, the only layout the rotation is built for
-    if (rope.table) {
-      launch_tiling<T, A_MN, B_MN>(a, b, c, StoreCTma<T, true>{bias, static_cast<int>(n), rope}, t);
+  if constexpr (!A_MN && !B_MN) {  // x·Wᵀ, the only layout the row epilogue is built for
+    if (rope.table || row_scale) {
+      launch_tiling<T, A_MN, B_MN>(
+          a, b, c,
+          StoreCTma<T, true>{bias, static_cast<int>(n), rope, row_scale, static_cast<int>(m)}, t);
       return;
     }
   }
@@ -202,12 +204,25 @@ void sm90_gemm(const Tensor& a, const Tensor& b, Tensor& c, const Sm90GemmArgs& 
         static_cast<const float2*>(rope_table(dev, args.rope_seq, 64, args.rope_base).data_ptr()),
         static_cast<int>(args.rope_seq), static_cast<int>(args.rope_cols)};
   }
+  const float* row_scale = nullptr;
+  if (args.row_scale.defined()) {
+    const Tensor& s = args.row_scale;
+    FFN_CHECK(!args.trans_a && args.trans_b && tma,
+              "[sm90_gemm] a row scale in the epilogue needs x·Wᵀ stored through TMA (n % 8 == "
+              "0, 16-byte aligned C); got trans_a=",
+              args.trans_a, ", trans_b=", args.trans_b, ", n=", n);
+    FFN_CHECK(s.is_cuda() && s.device() == a.device() && s.dtype() == DType::f32 && s.dim() == 1 &&
+                  s.size(0) == c.size(0) && s.is_contiguous(),
+              "[sm90_gemm] row_scale must be a contiguous [", c.size(0),
+              "] f32 tensor on a's GPU, got ", shape_str(s.shape()), " ", dtype_name(s.dtype()));
+    row_scale = static_cast<const float*>(s.data_ptr());
+  }
   // A is MN-major when transposed; B is K-major when transposed ([n, k] rows of K).
   auto run = [&]<class T, bool A_MN, bool B_MN>() {
     const T* bias = args.bias.defined() ? static_cast<const T*>(args.bias.data_ptr()) : nullptr;
     gemm::dispatch_plain<T, A_MN, B_MN>(a, b, c, bias, tma, args.schedule,
-                                        rope.table ? 1 : args.splits, args.tile_n, args.group_m,
-                                        rope);
+                                        rope.table || row_scale ? 1 : args.splits, args.tile_n,
+                                        args.group_m, rope, row_scale);
   };
   auto by_layout = [&]<class T>() {
     if (!args.trans_a && args.trans_b)

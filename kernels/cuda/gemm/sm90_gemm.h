@@ -48,6 +48,11 @@ struct Sm90GemmArgs {
   double rope_base = 0;
   int64_t rope_seq = 0;
   int64_t rope_cols = 0;
+  // A row scale in the epilogue (Note [RMSNorm folded into the QKV GEMM] in
+  // layers/attention.cpp): c_ij = row_scale_i·(op(a)·op(b))_ij (+ bias_j), before any rotation.
+  // A contiguous f32 [m] tensor on the GPU; the same layout and store rules as the rotation
+  // (x·Wᵀ through TMA, never split).
+  Tensor row_scale;
 };
 
 // True when the GEMM can run these operands: an sm_90 GPU and a build with sm_90a code,
