@@ -629,7 +629,8 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--norm", norm,
       "Only the residual add and norm of GPT-2 and the char models (forward, backward; and "
-      "in the branch GEMM's epilogue)");
+      "in the branch GEMM's epilogue; and a Llama attention branch with its RMSNorm folded "
+      "into the QKV GEMM, against unfolded)");
   app.add_flag("--gemm", gemm_table,
                "Only the GEMM table: our Hopper GEMM against cuBLASLt on the workloads' shapes");
   std::string gemm_only;
@@ -647,6 +648,16 @@ int main(int argc, char** argv) {
   bool out_dropout = false;
   app.add_flag("--out-dropout", out_dropout,
                "Only fc2 with output dropout: in the Hopper GEMM's epilogue against GEMM + pass");
+  bool rms_fold_only = false;
+  std::string rms_fold_variant = "both", rms_fold_case;
+  app.add_flag("--rms-fold", rms_fold_only,
+               "Only a Llama attention branch with its RMSNorm folded into the QKV GEMM against "
+               "unfolded (also part of --norm)");
+  app.add_option("--rms-fold-variant", rms_fold_variant,
+                 "With --rms-fold: both (alternated twice), or only on or off (for a profiler)")
+      ->check(CLI::IsMember({"both", "on", "off"}));
+  app.add_option("--rms-fold-case", rms_fold_case,
+                 "With --rms-fold: only the cases whose name contains this");
   bool attention = false;
   float attention_dropout = 0.0f;
   app.add_flag("--attention", attention,
@@ -695,6 +706,11 @@ int main(int argc, char** argv) {
     if (norm) {
       bench::norm_bench(device, warmup, iters);
       bench::norm_epilogue_bench(device, warmup, iters);
+      bench::rms_fold_bench(device, warmup, iters);
+      return 0;
+    }
+    if (rms_fold_only) {
+      bench::rms_fold_bench(device, warmup, iters, rms_fold_variant, rms_fold_case);
       return 0;
     }
     if (xent) {

@@ -196,6 +196,69 @@ void norm_epilogue_bench(int device, int warmup, int iters) {
   }
 }
 
+// Note [RMSNorm folded into the QKV GEMM] (layers/attention.cpp): a Llama block's attention
+// branch with a 16-bit residual stream, forward and backward through autograd, a = res +
+// dropout(h) (its add), out = a + attention(rope(rms_norm(a)·Wᵀ)), with rms_fold() on (the
+// norm folded into the QKV GEMM) and off (add_layer_norm writes y), alternated twice.
+void rms_fold_bench(int device, int warmup, int iters, const std::string& variant,
+                    const std::string& only) {
+  const Device dev = Device::cuda(device);
+  struct Case {
+    const char* name;
+    int64_t b, t, c, h;
+    float p;
+  };
+  const bool fold = rms_fold();
+  for (const Case& cs : {Case{"llama_char", 64, 256, 384, 6, 0.3f},
+                         Case{"d768 (gpt2-sized)", 16, 1024, 768, 12, 0.0f},
+                         Case{"d2048", 4, 1024, 2048, 32, 0.0f}}) {
+    if (!only.empty() && std::string(cs.name).find(only) == std::string::npos) continue;
+    Generator g(13);
+    const Shape sh{cs.b, cs.t, cs.c};
+    const Tensor res = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
+    const Tensor h = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
+    const Tensor gain = Tensor::randn({cs.c}, g, DType::bf16, dev, 1.0, 0.1);
+    const Tensor w = Tensor::randn({3 * cs.c, cs.c}, g, DType::bf16, dev, 0.0, 0.02);
+    const Tensor dy = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
+    const DropoutSpec d = cs.p > 0 ? DropoutSpec{cs.p, 5, 0} : DropoutSpec{};
+    auto step = [&] {
+      Var rv(res, true), hv(h, true), gv(gain, true), wv(w, true);
+      auto [a, rstd] =
+          rms_fold() ? fn::add_rms_stats(rv, hv, d, gv, 1e-5) : std::pair<Var, Tensor>{};
+      Var y;
+      if (rms_fold()) {
+        y = fn::rms_norm_rope_attention(a, gv, rstd, 1e-5, wv, cs.h, 10000.0, d);
+      } else {
+        auto [a2, an] = fn::add_layer_norm(rv, hv, d, gv, Var(), 1e-5, /*rms=*/true);
+        a = a2;
+        y = fn::rope_attention(an, wv, cs.h, 10000.0, d);
+      }
+      fn::add(a, y).backward(dy);
+    };
+    if (variant != "both") {
+      set_rms_fold(variant == "on");
+      std::printf("{\"rms_fold\": \"%s\", \"%s_ms\": %.4f}\n", cs.name,
+                  variant == "on" ? "folded" : "unfused", median_ms(device, warmup, iters, step));
+      std::fflush(stdout);
+      continue;
+    }
+    double ms[2][2];
+    for (int r = 0; r < 2; ++r)
+      for (int on = 0; on < 2; ++on) {
+        set_rms_fold(on == 1);
+        ms[r][on] = median_ms(device, warmup, iters, step);
+      }
+    std::printf(
+        "{\"rms_fold\": \"%s, B %lld T %lld C %lld heads %lld, p %.1f\", \"unfused_ms\": "
+        "[%.4f, %.4f], \"folded_ms\": [%.4f, %.4f], \"folded_over_unfused\": %.3f}\n",
+        cs.name, static_cast<long long>(cs.b), static_cast<long long>(cs.t),
+        static_cast<long long>(cs.c), static_cast<long long>(cs.h), cs.p, ms[0][0], ms[1][0],
+        ms[0][1], ms[1][1], (ms[0][1] + ms[1][1]) / (ms[0][0] + ms[1][0]));
+    std::fflush(stdout);
+  }
+  set_rms_fold(fold);
+}
+
 // The optimizer step of GPT-2 124M (bf16 parameters, fp32 master weights and moments,
 // padded vocabulary): the global gradient norm and the AdamW update, ms and the bytes the
 // update must move (read g, w, m, v; write w, m, v and the bf16 parameter: 28 per value)

@@ -243,8 +243,13 @@ class EmbeddingSumNode final : public Node {
 // LayerNorm, or RMSNorm when there is no mean (inputs x, w and an undefined b).
 class LayerNormNode final : public Node {
  public:
-  LayerNormNode(Tensor mean, Tensor rstd)
-      : rms_(!mean.defined()), mean_(std::move(mean)), rstd_(std::move(rstd)) {}
+  // prescaled (RMSNorm only): the d_out it is given is rstd ⊙ dy (kernels/layer_norm.h), as
+  // the folded norm's consumer makes it (Note [RMSNorm folded into the QKV GEMM]).
+  LayerNormNode(Tensor mean, Tensor rstd, bool prescaled = false)
+      : rms_(!mean.defined()),
+        prescaled_(prescaled),
+        mean_(std::move(mean)),
+        rstd_(std::move(rstd)) {}
   const char* name() const override { return rms_ ? "rms_norm" : "layer_norm"; }
   std::vector<Tensor> backward(Tensor d_out) override {
     const Tensor& x = inputs[0].value();
@@ -291,7 +296,7 @@ class LayerNormNode final : public Node {
     const BranchGrad* br = dh.defined() ? &branch : nullptr;
     if (rms_)
       rms_norm_backward(d_out.view_2d(), x2, w, rstd_, dx.defined() ? &dx : nullptr,
-                        dw.defined() ? &dw : nullptr, into_sum, br);
+                        dw.defined() ? &dw : nullptr, into_sum, br, prescaled_);
     else
       layer_norm_backward(d_out.view_2d(), x2, w, mean_, rstd_, dx.defined() ? &dx : nullptr,
                           dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, into_sum, br);
@@ -308,7 +313,7 @@ class LayerNormNode final : public Node {
   }
 
  private:
-  bool rms_;
+  bool rms_, prescaled_;
   Tensor mean_, rstd_;
 };
 
@@ -587,6 +592,41 @@ Var rms_norm(const Var& x, const Var& w, double eps) {
   ffn::rms_norm(x2, w.value(), eps, y, rstd);
   return make_output(y.reshape(xv.shape()),
                      std::make_shared<LayerNormNode>(Tensor(), std::move(rstd)), {x, w, Var()});
+}
+
+std::pair<Var, Tensor> add_rms_stats(const Var& res, const Var& h, const DropoutSpec& d,
+                                     const Var& w, double eps) {
+  FFN_CHECK(res.shape() == h.shape(), "[add_rms_stats] res.shape=", shape_str(res.shape()),
+            " != h.shape=", shape_str(h.shape()));
+  const Tensor& rv = res.value();
+  FFN_CHECK(rv.dim() >= 1, "[add_rms_stats] res must have at least one dimension");
+  const Tensor r2 = as_2d(rv);
+  Tensor a = Tensor::empty(rv.shape(), rv.dtype(), rv.device());
+  Tensor a2 = as_2d(a), y, no_mean;
+  Tensor rstd = Tensor::empty({r2.size(0)}, acc_dtype(rv.dtype()), rv.device());
+  ffn::add_layer_norm(r2, as_2d(h.value()), d, w.value(), Tensor(), eps, a2, y, no_mean, rstd);
+  return {make_output(a, std::make_shared<DropoutAddNode>(d), {res, h}), rstd};
+}
+
+Tensor rms_stats(const Var& x, const Var& w, double eps) {
+  const Tensor& xv = x.value();
+  FFN_CHECK(xv.dim() >= 1, "[rms_stats] x must have at least one dimension");
+  const Tensor x2 = xv.view_2d();
+  Tensor rstd = Tensor::empty({x2.size(0)}, acc_dtype(xv.dtype()), xv.device()), y;
+  ffn::rms_norm(x2, w.value(), eps, y, rstd);
+  return rstd;
+}
+
+Var rms_norm_unstored(const Var& x, const Var& w, const Tensor& rstd) {
+  const Tensor& xv = x.value();
+  FFN_CHECK(xv.dtype() == w.value().dtype() && xv.is_contiguous(),
+            "[rms_norm] the unstored norm needs a contiguous x in w's dtype, got x ", xv.desc(),
+            ", w ", w.value().desc());
+  // Nothing reads the output's memory (the node's backward reads x, w and rstd): it borrows
+  // x's, which has the same shape, dtype and size.
+  return make_output(Tensor::borrow(xv.data_ptr(), xv.shape(), xv.dtype(), xv.device()),
+                     std::make_shared<LayerNormNode>(Tensor(), rstd, /*prescaled=*/true),
+                     {x, w, Var()});
 }
 
 Var rope(const Var& qkv, int64_t heads, int64_t kv_heads, double base) {

@@ -59,6 +59,19 @@ std::pair<Var, Var> add_layer_norm(const Var& res, const Var& h, const DropoutSp
 std::pair<Var, Var> linear_add_layer_norm(const Var& res, const Var& xin, const Var& wl,
                                           const Var& bl, const DropoutSpec& d, const Var& w,
                                           const Var& b, double eps, bool rms = false);
+// Note [RMSNorm folded into the QKV GEMM] (layers/attention.cpp), the norm's side: a =
+// dropout_add(res, h, d) as its graph node, and the RMSNorm statistics rstd of a's rows (f32
+// [rows], no gradient: the consumer's node owns the norm's) from the same pass, which writes
+// no normalized output. w is the norm's weight (for its dtype). rms_stats: the statistics
+// alone.
+std::pair<Var, Tensor> add_rms_stats(const Var& res, const Var& h, const DropoutSpec& d,
+                                     const Var& w, double eps);
+Tensor rms_stats(const Var& x, const Var& w, double eps);
+// The folded norm's graph node: rms_norm(x, w)'s node for rows of statistics rstd, whose output
+// is never computed (its value borrows x's memory: never read it) and whose backward takes
+// rstd ⊙ dy (kernels/layer_norm.h, prescaled). Only for a consumer node built with it that
+// makes exactly that gradient (fn::rms_norm_rope_attention).
+Var rms_norm_unstored(const Var& x, const Var& w, const Tensor& rstd);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.
 // check_targets, classes: see kernels/cross_entropy.h (classes > 0: only the first
@@ -119,5 +132,13 @@ Var causal_attention(const Var& qkv, int64_t heads, const DropoutSpec& attn_drop
 // rotary embeddings], layers/attention.cpp); elsewhere exactly that composition.
 Var rope_attention(const Var& x, const Var& w, int64_t heads, double base,
                    const DropoutSpec& attn_dropout, bool fused = true);
+// rope_attention(rms_norm(x, g, eps), w, …) with the norm folded into the projection (Note
+// [RMSNorm folded into the QKV GEMM] in layers/attention.cpp), rstd the rows' statistics
+// (add_rms_stats or rms_stats; f32 [B·T]). Where the folded kernels cannot run (rms_fold() off,
+// rope_attention's fused path does not run, or x is not in w's 16-bit dtype) it is exactly
+// that composition, the norm recomputed from x.
+Var rms_norm_rope_attention(const Var& x, const Var& g, const Tensor& rstd, double eps,
+                            const Var& w, int64_t heads, double base,
+                            const DropoutSpec& attn_dropout, bool fused = true);
 
 }  // namespace ffn::fn

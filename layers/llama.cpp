@@ -56,8 +56,7 @@ Var LlamaAttention::forward_impl(const Var& x) {
   return o_proj_.forward(forward_heads(x));
 }
 
-Var LlamaAttention::forward_heads(const Var& x) {
-  check_input(x.value());
+Var LlamaAttention::qkv_weight() const {
   // One QKV weight, key/value heads repeated per group (Note [Llama projections]).
   const int64_t group = cfg_.heads / kv_heads_;
   std::vector<fn::RowRange> rows{{q_proj_.weight(), 0, cfg_.d_model}};
@@ -69,10 +68,25 @@ Var LlamaAttention::forward_heads(const Var& x) {
     for (int64_t h = 0; h < cfg_.heads; ++h)
       rows.push_back({p->weight(), (h / group) * head_dim_, head_dim_});
   }
-  const DropoutSpec attn = is_training() && cfg_.dropout > 0 ? rng_->dropout(cfg_.dropout)
-                                                             : DropoutSpec{};
-  return fn::rope_attention(x, fn::concat_rows(rows), cfg_.heads, cfg_.rope_theta, attn,
+  return fn::concat_rows(rows);
+}
+
+DropoutSpec LlamaAttention::attention_dropout() {
+  return is_training() && cfg_.dropout > 0 ? rng_->dropout(cfg_.dropout) : DropoutSpec{};
+}
+
+Var LlamaAttention::forward_heads(const Var& x) {
+  check_input(x.value());
+  const Var w = qkv_weight();
+  return fn::rope_attention(x, w, cfg_.heads, cfg_.rope_theta, attention_dropout(),
                             cfg_.fused_attention);
+}
+
+Var LlamaAttention::forward_heads_folded(const Var& x, const RMSNorm& norm, const Tensor& rstd) {
+  check_input(x.value());
+  const Var w = qkv_weight();
+  return fn::rms_norm_rope_attention(x, norm.weight(), rstd, norm.eps(), w, cfg_.heads,
+                                     cfg_.rope_theta, attention_dropout(), cfg_.fused_attention);
 }
 
 LlamaMLP::LlamaMLP(const GptConfig& cfg, Generator& init)
@@ -110,6 +124,7 @@ LlamaBlock::LlamaBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Gen
       self_attn_(cfg, rng, init),
       post_attention_layernorm_(cfg.d_model, cfg.place, cfg.norm_eps),
       mlp_(cfg, init) {
+  input_layernorm_.set_folded(true);  // where it can (RMSNorm::folds)
   register_module("input_layernorm", input_layernorm_);
   register_module("self_attn", self_attn_);
   register_module("post_attention_layernorm", post_attention_layernorm_);
@@ -124,7 +139,11 @@ void LlamaBlock::check_input(const Tensor& x) const {
 PreNormBlock::Open LlamaBlock::open_impl(const Var& x, const Var& x_norm) {
   const bool drop = is_training() && dropout_ > 0.0f;
   auto spec = [&] { return drop ? rng_->dropout(dropout_) : DropoutSpec{}; };
-  const Var heads = self_attn_.forward_heads(x_norm);  // its dropout drawn before the add's
+  // The attention's dropout is drawn before the add's. A folded norm's "output" is x's
+  // statistics (RMSNorm's comment).
+  const Var heads = input_layernorm_.folds(x.value())
+                        ? self_attn_.forward_heads_folded(x, input_layernorm_, x_norm.value())
+                        : self_attn_.forward_heads(x_norm);
   const auto [a, a_norm] =
       post_attention_layernorm_.forward_after_linear_add(x, heads, self_attn_.out_proj(), spec());
   const Var m = mlp_.forward(a_norm);

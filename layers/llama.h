@@ -29,6 +29,9 @@ class LlamaAttention : public Layer {
   LlamaAttention(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);
   // The branch up to o_proj's input, and o_proj: forward(x) is o_proj(forward_heads(x)).
   Var forward_heads(const Var& x);
+  // forward_heads(norm(x)) for a folded RMSNorm `norm` whose statistics of x are rstd (Note
+  // [RMSNorm folded into the QKV GEMM] in layers/attention.cpp).
+  Var forward_heads_folded(const Var& x, const RMSNorm& norm, const Tensor& rstd);
   Linear& out_proj() { return o_proj_; }
 
  protected:
@@ -38,6 +41,9 @@ class LlamaAttention : public Layer {
  private:
   GptConfig cfg_;
   int64_t head_dim_, kv_heads_;
+  Var qkv_weight() const;  // Note [Llama projections]
+  DropoutSpec attention_dropout();
+
   std::shared_ptr<Generator> rng_;
   Linear q_proj_, k_proj_, v_proj_, o_proj_;
 };
@@ -58,6 +64,8 @@ class LlamaMLP : public Layer {
 };
 
 // x + self_attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x)).
+// input_layernorm is folded into the QKV GEMM where it can be (RMSNorm::folds; Note [RMSNorm
+// folded into the QKV GEMM] in layers/attention.cpp).
 class LlamaBlock : public PreNormBlock {
  public:
   LlamaBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);

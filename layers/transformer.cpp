@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/checks.h"
+#include "kernels/gemm.h"
 #include "layers/llama.h"
 
 namespace ffn {
@@ -95,18 +96,38 @@ void RMSNorm::check_input(const Tensor& x) const {
   check_norm_input(x, dim_, w_.value(), "rms_norm");
 }
 
+bool RMSNorm::folds(const Tensor& x) const {
+  return folded_ && rms_fold() && gemm_epilogues() && x.is_cuda() && is_half(x.dtype()) &&
+         x.dtype() == w_.value().dtype();
+}
+
+namespace {
+// The folded norm's statistics as its output (RMSNorm's comment): [rows of x], no gradient.
+Var stats_var(const Tensor& rstd, const Tensor& x) {
+  Shape rows = x.shape();
+  rows.pop_back();
+  return Var(rstd.reshape(rows));
+}
+}  // namespace
+
 Var RMSNorm::forward_impl(const Var& x) {
+  if (folds(x.value())) return stats_var(fn::rms_stats(x, w_, eps_), x.value());
   return fn::rms_norm(x, w_, eps_);
 }
 
 std::pair<Var, Var> RMSNorm::forward_after_add(const Var& res, const Var& h, const DropoutSpec& d) {
   check_input(res.value());
+  if (folds(res.value())) {
+    auto [a, rstd] = fn::add_rms_stats(res, h, d, w_, eps_);
+    return {a, stats_var(rstd, res.value())};
+  }
   return fn::add_layer_norm(res, h, d, w_, Var(), eps_, /*rms=*/true);
 }
 
 std::pair<Var, Var> RMSNorm::forward_after_linear_add(const Var& res, const Var& xin, Linear& proj,
                                                       const DropoutSpec& d) {
   check_input(res.value());
+  if (folds(res.value())) return forward_after_add(res, proj.forward(xin), d);
   return fn::linear_add_layer_norm(res, xin, proj.weight(), proj.bias(), d, w_, Var(), eps_,
                                    /*rms=*/true);
 }

@@ -68,6 +68,10 @@ class LayerNorm : public ResidualNorm {
 };
 
 // x·w/√(mean(x²) + eps) over the last dimension (fn::rms_norm), w starting at 1.
+// A norm whose consumer folds it into its GEMM (set_folded(true); Note [RMSNorm folded into the
+// QKV GEMM] in layers/attention.cpp) returns, where folds(x) says the fold runs, its input's
+// row statistics rstd (f32 [B, T], no gradient) in place of the normalized output, from
+// forward and the forward_after_* calls; the consumer computes from x, weight() and those.
 class RMSNorm : public ResidualNorm {
  public:
   RMSNorm(int64_t dim, const ParamInit& place, double eps = 1e-6);
@@ -75,6 +79,12 @@ class RMSNorm : public ResidualNorm {
                                         const DropoutSpec& d) override;
   std::pair<Var, Var> forward_after_linear_add(const Var& res, const Var& xin, Linear& proj,
                                                const DropoutSpec& d) override;
+  void set_folded(bool on) { folded_ = on; }
+  // Whether the norm of x is folded: set_folded, rms_fold() and gemm_epilogues() on
+  // (kernels/gemm.h), x on the GPU in the weight's 16-bit dtype.
+  bool folds(const Tensor& x) const;
+  const Var& weight() const { return w_; }
+  double eps() const { return eps_; }
 
  protected:
   void check_input(const Tensor& x) const override;
@@ -84,6 +94,7 @@ class RMSNorm : public ResidualNorm {
   int64_t dim_;
   double eps_;
   Var w_;
+  bool folded_ = false;
 };
 
 struct AttentionOptions {
