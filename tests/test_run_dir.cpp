@@ -277,8 +277,11 @@ TEST_CASE("run dir: the steps next to a checkpoint are charged their own time") 
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[12];
+  // The bug charged the step before a save next to nothing (~1 ms against ~15). Wall time per
+  // step on a loaded 2-core machine varies a lot: an honest step measured 0.29 of the median
+  // while another build ran (session 49), so the bound is 0.1, which the bug is still below.
   for (size_t i = 0; i < ms.size(); ++i)
-    CHECK_MESSAGE(ms[i] > 0.3 * median, "iter ", i + 1, ": ", ms[i], " ms vs median ", median);
+    CHECK_MESSAGE(ms[i] > 0.1 * median, "iter ", i + 1, ": ", ms[i], " ms vs median ", median);
   fs::remove_all(d);
 }
 
