@@ -93,11 +93,13 @@ std::atomic<int> g_norm_epilogue{-1};  // -1: not decided yet (read FFN_NORM_EPI
 std::atomic<int> g_rms_fold{-1};       // -1: not decided yet (read FFN_RMS_FOLD)
 std::atomic<int> g_group_rows{-1};  // -1: not decided yet (read FFN_GEMM_GROUP_ROWS)
 
-bool env_switch(std::atomic<int>& v, const char* name) {
+// A switch read from the environment once: on by default unless `name` is "0", or (on = false)
+// off by default unless it is "1".
+bool env_switch(std::atomic<int>& v, const char* name, bool on = true) {
   int x = v.load();
   if (x < 0) {
     const char* e = std::getenv(name);
-    x = (e && std::strcmp(e, "0") == 0) ? 0 : 1;
+    x = on ? !(e && std::strcmp(e, "0") == 0) : (e && std::strcmp(e, "1") == 0);
     v = x;
   }
   return x == 1;
@@ -163,13 +165,7 @@ void set_norm_epilogue(bool on) {
 }
 
 bool norm_epilogue() {  // off unless FFN_NORM_EPILOGUE=1 (measured slower: kernels/gemm.h)
-  int x = g_norm_epilogue.load();
-  if (x < 0) {
-    const char* e = std::getenv("FFN_NORM_EPILOGUE");
-    x = (e && std::strcmp(e, "1") == 0) ? 1 : 0;
-    g_norm_epilogue = x;
-  }
-  return x == 1;
+  return env_switch(g_norm_epilogue, "FFN_NORM_EPILOGUE", /*on=*/false);
 }
 
 void set_rms_fold(bool on) {
@@ -177,13 +173,7 @@ void set_rms_fold(bool on) {
 }
 
 bool rms_fold() {  // off unless FFN_RMS_FOLD=1 (measured slower: kernels/gemm.h)
-  int x = g_rms_fold.load();
-  if (x < 0) {
-    const char* e = std::getenv("FFN_RMS_FOLD");
-    x = (e && std::strcmp(e, "1") == 0) ? 1 : 0;
-    g_rms_fold = x;
-  }
-  return x == 1;
+  return env_switch(g_rms_fold, "FFN_RMS_FOLD", /*on=*/false);
 }
 
 namespace {
