@@ -277,9 +277,22 @@ TEST_CASE("run dir: the steps next to a checkpoint are charged their own time") 
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[12];
-  // The bug charged the step before a save next to nothing (~1 ms against ~15). Wall time per
-  // step on a loaded 2-core machine varies a lot: an honest step measured 0.29 of the median
-  // while another build ran (session 49), so the bound is 0.1, which the bug is still below.
+  // The bug charged every step before a save (iterations 4, 8, …) next to nothing. One step's
+  // wall time on a loaded 2-core machine varies a lot (an honest one measured 0.29 of the
+  // median while another build ran, session 49), so the 0.3 bound applies to the median of
+  // those steps, which the bug moves and one slow or fast step does not, and to the median of
+  // the steps after a save. Every single step still has to take 0.1. (The steps after a save
+  // do measure slower under load, up to 1.7x the median: no upper bound.)
+  auto median_of = [&](int phase) {  // iterations ≡ phase (mod 4), the first one left out
+    std::vector<double> v;
+    for (size_t i = 1; i < ms.size(); ++i)
+      if ((i + 1) % 4 == static_cast<size_t>(phase)) v.push_back(ms[i]);
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double before = median_of(0), after = median_of(1);
+  CHECK_MESSAGE(before > 0.3 * median, "steps before a save: ", before, " ms vs median ", median);
+  CHECK_MESSAGE(after > 0.3 * median, "steps after a save: ", after, " ms vs median ", median);
   for (size_t i = 0; i < ms.size(); ++i)
     CHECK_MESSAGE(ms[i] > 0.1 * median, "iter ", i + 1, ": ", ms[i], " ms vs median ", median);
   fs::remove_all(d);
