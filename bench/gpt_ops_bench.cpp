@@ -223,17 +223,14 @@ void rms_fold_bench(int device, int warmup, int iters, const std::string& varian
     const DropoutSpec d = cs.p > 0 ? DropoutSpec{cs.p, 5, 0} : DropoutSpec{};
     auto step = [&] {
       Var rv(res, true), hv(h, true), gv(gain, true), wv(w, true);
-      auto [a, rstd] =
-          rms_fold() ? fn::add_rms_stats(rv, hv, d, gv, 1e-5) : std::pair<Var, Tensor>{};
-      Var y;
       if (rms_fold()) {
-        y = fn::rms_norm_rope_attention(a, gv, rstd, 1e-5, wv, cs.h, 10000.0, d);
+        const auto [a, rstd] = fn::add_rms_stats(rv, hv, d, gv, 1e-5);
+        fn::add(a, fn::rms_norm_rope_attention(a, gv, rstd, 1e-5, wv, cs.h, 10000.0, d))
+            .backward(dy);
       } else {
-        auto [a2, an] = fn::add_layer_norm(rv, hv, d, gv, Var(), 1e-5, /*rms=*/true);
-        a = a2;
-        y = fn::rope_attention(an, wv, cs.h, 10000.0, d);
+        const auto [a, an] = fn::add_layer_norm(rv, hv, d, gv, Var(), 1e-5, /*rms=*/true);
+        fn::add(a, fn::rope_attention(an, wv, cs.h, 10000.0, d)).backward(dy);
       }
-      fn::add(a, y).backward(dy);
     };
     if (variant != "both") {
       set_rms_fold(variant == "on");
