@@ -65,25 +65,39 @@ namespace {
 constexpr int64_t kGluMinK = 384;
 }  // namespace
 
+namespace {
+// linear_glu's optional row scale: [m] in acc_dtype(x) (f32 for 16-bit x), contiguous, on
+// x's device.
+void check_row_scale(const Tensor& s, const Tensor& x, const char* op) {
+  if (!s.defined()) return;
+  const DType want = acc_dtype(x.dtype());
+  FFN_CHECK(s.dtype() == want && s.shape() == Shape{x.size(0)} && s.is_contiguous() &&
+                s.device() == x.device(),
+            "[", op, "] row_scale must be a contiguous ", dtype_name(want), " [", x.size(0),
+            "] tensor on ", x.device().str(), ", got ", s.desc());
+}
+}  // namespace
+
 Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
-                  const DropoutSpec& d, Tensor& out) {
+                  const DropoutSpec& d, Tensor& out, const Tensor& row_scale) {
   const char* op = "linear_glu";
   detail::check_linear(d, x, w, /*nt=*/true, op, "x", "2h",
                        w.defined() && w.dim() == 2 && w.size(0) % 2 == 0);
   detail::check_like(out, x, {x.size(0), w.size(0) / 2}, op, "out");
   if (b.defined()) detail::check_like(b, x, {w.size(0)}, op, "b");
+  check_row_scale(row_scale, x, op);
   if (!x.is_cuda() || !gemm_epilogues() || x.size(1) < kGluMinK || !detail::dense16(out) ||
       (b.defined() && !detail::dense16(b)))
     return {};
   Tensor z = Tensor::empty({x.size(0), w.size(0)}, x.dtype(), x.device());
   if (!cuda::sm90_gemm_glu_supported(x, w, act, z)) return {};
-  cuda::sm90_gemm_nt_glu(x, w, b, act, d, z, out);
+  cuda::sm90_gemm_nt_glu(x, w, b, act, d, z, out, row_scale);
   return z;
 }
 
 bool linear_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
-                         Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
-                         Tensor* db) {
+                         Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out, Tensor* db,
+                         const Tensor& row_scale) {
   const char* op = "linear_glu_backward";
   detail::check_linear(d, dy, w, /*nt=*/false, op, "dy", "h");
   const int64_t h = w.size(1);
@@ -92,11 +106,12 @@ bool linear_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, con
   detail::check_like(out, dy, {dy.size(0), h}, op, "out");
   if (b.defined()) detail::check_like(b, dy, {2 * h}, op, "b");
   if (db) detail::check_like(*db, dy, {2 * h}, op, "db");
-  if (!dy.is_cuda() || !gemm_epilogues() || dy.size(1) < kGluMinK ||
+  check_row_scale(row_scale, dy, op);
+  if (!dy.is_cuda() || !gemm_epilogues() || dy.size(1) < kGluMinK || (db && row_scale.defined()) ||
       !cuda::sm90_gemm_glu_backward_supported(dy, w, act, out) || !detail::dense16(z) ||
       !detail::dense16(dz) || (b.defined() && !detail::dense16(b)) || (db && !db->is_contiguous()))
     return false;
-  cuda::sm90_gemm_nn_glu_backward(dy, w, z, b, act, d, dz, out, db);
+  cuda::sm90_gemm_nn_glu_backward(dy, w, z, b, act, d, dz, out, db, row_scale);
   return true;
 }
 

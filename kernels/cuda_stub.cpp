@@ -170,14 +170,15 @@ bool sm90_gemm_glu_supported(const Tensor&, const Tensor&, Activation, const Ten
   return false;
 }
 void sm90_gemm_nt_glu(const Tensor&, const Tensor&, const Tensor&, Activation, const DropoutSpec&,
-                      Tensor&, Tensor&) {
+                      Tensor&, Tensor&, const Tensor&) {
   no_cuda("sm90_gemm");
 }
 bool sm90_gemm_glu_backward_supported(const Tensor&, const Tensor&, Activation, const Tensor&) {
   return false;
 }
 void sm90_gemm_nn_glu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               Activation, const DropoutSpec&, Tensor&, Tensor&, Tensor*) {
+                               Activation, const DropoutSpec&, Tensor&, Tensor&, Tensor*,
+                               const Tensor&) {
   no_cuda("sm90_gemm");
 }
 bool sm90_gemm_add_norm_supported(const Tensor&, const Tensor&, const Tensor&, const Tensor&,

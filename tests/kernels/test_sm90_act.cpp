@@ -4,6 +4,7 @@
 // by the unfused kernels, the unit order and operand multicast, and the argument checks of
 // linear_act / linear_glu (FFN_GPU_TEST cases skip visibly without a GPU). The plain product's
 // cases are in test_sm90_gemm.cpp.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -13,6 +14,7 @@
 #include "kernels/bias_glu_dropout.h"
 #include "kernels/cuda/gemm/sm90_gemm.h"
 #include "kernels/gemm.h"
+#include "kernels/scale.h"
 #include "tests/kernels/kernel_tests.h"
 #include "tests/kernels/sm90_tests.h"
 #include "tests/test_util.h"
@@ -407,6 +409,95 @@ FFN_GPU_TEST("sm90 activation GEMMs: unit order, multicast and tile groups chang
           CHECK_MESSAGE(equal_and_written(outs[0][i], outs[r][i]), what, ": ", names[i], ", ",
                         runs[r].name, " against dynamic");
     }
+}
+
+// Note [RMSNorm folded into the FFN]: the GLU kernels' row scale. With powers of two as the
+// scales every product is scaled exactly, so the forward's z must equal scale_rows of the
+// unscaled kernel's z bit for bit, and the backward's dz scale_rows of its unscaled dz; out
+// (and the backward's recomputed out) must be the unfused GLU of the scaled z. In f16 a value
+// in the subnormal range (below 2^-14) is rounded on its own grid before or after the scale,
+// so there the two may differ by that grid's spacing times the scale: at most 2^-22 (scales
+// up to 4, spacing 2^-24, half of it again). Rows past M and both tile parities of the
+// consumer's scales: 1100 rows take 9 tile rows.
+FFN_GPU_TEST("sm90 GEMM's GLU epilogue with a row scale equals scale_rows of the unscaled one") {
+  Generator g(79);
+  if (!sm90_here()) {
+    MESSAGE("not an sm_90 GPU: the Hopper GEMM is not used here");
+    return;
+  }
+  const int64_t dims[][3] = {{1, 64, 8}, {129, 128, 72}, {300, 192, 200}, {1100, 1024, 384}};
+  for (auto& dm : dims)
+    for (DType dt : {DType::bf16, DType::f16})
+      for (float p : {0.0f, 0.1f}) {
+        const int64_t m = dm[0], h = dm[1], k = dm[2];
+        const Activation act = dt == DType::bf16 ? Activation::silu : Activation::gelu_tanh;
+        const std::string what = std::string("row-scaled GLU ") + dtype_name(dt) + " m" +
+                                 std::to_string(m) + " h" + std::to_string(h) + " k" +
+                                 std::to_string(k) + " p" + std::to_string(p);
+        std::vector<double> sv = rand64({m}, g, 2.5).to_vector();  // 2^-2 .. 2^2
+        for (auto& v : sv) v = std::ldexp(1.0, static_cast<int>(std::lround(v)));
+        const Tensor rs = Tensor::from_vector(sv, {m}).to(DType::f32).to(kGpu);
+        const Tensor x = rand64({m, k}, g).to(dt).to(kGpu),
+                     w = rand64({2 * h, k}, g).to(dt).to(kGpu);
+        const Tensor b = h == 128 ? Tensor() : rand64({2 * h}, g).to(dt).to(kGpu);
+        const DropoutSpec d{p, 41, 9};
+        Tensor z = Tensor::full({m, 2 * h}, NAN, dt, kGpu),
+               out = Tensor::full({m, h}, NAN, dt, kGpu);
+        Tensor z1 = z.clone(), out1 = out.clone();
+        cuda::sm90_gemm_nt_glu(x, w, b, act, d, z1, out1);  // unscaled
+        cuda::sm90_gemm_nt_glu(x, w, b, act, d, z, out, rs);
+        // bf16: the same bits; f16: the same but in the subnormal range (above).
+        const auto scaled_equal = [&](const Tensor& got, const Tensor& want) {
+          if (dt == DType::bf16) return equal_and_written(got, want);
+          const auto gv = got.to(DType::f64).to_vector(), wv = want.to(DType::f64).to_vector();
+          for (size_t i = 0; i < gv.size(); ++i) {
+            const bool low = std::min(std::abs(gv[i]), std::abs(wv[i])) <= 0x1p-12;
+            if (!(gv[i] == wv[i] || (low && std::abs(gv[i] - wv[i]) <= 0x1p-22))) {
+              MESSAGE(what, ": element ", i, " is ", gv[i], ", want ", wv[i]);
+              return false;
+            }
+          }
+          return true;
+        };
+        Tensor z_ref = Tensor::full({m, 2 * h}, NAN, dt, kGpu), out_ref = out.clone();
+        scale_rows(z1, rs, z_ref);
+        CHECK_MESSAGE(scaled_equal(z, z_ref), what, ": z");
+        bias_glu_dropout(z, b, act, d, out_ref);
+        CHECK_MESSAGE(equal_and_written(out, out_ref), what, ": out");
+        // The backward on the scaled z, with and without the scale.
+        const Tensor dy = rand64({m, k}, g).to(dt).to(kGpu), w2 = rand64({k, h}, g).to(dt).to(kGpu);
+        Tensor dz = z.clone(), dz1 = z.clone(), o = out.clone(), o1 = out.clone();
+        dz.fill_(NAN), dz1.fill_(NAN), o.fill_(NAN), o1.fill_(NAN);
+        cuda::sm90_gemm_nn_glu_backward(dy, w2, z, b, act, d, dz1, o1);
+        cuda::sm90_gemm_nn_glu_backward(dy, w2, z, b, act, d, dz, o, nullptr, rs);
+        Tensor dz_ref = dz1.clone();
+        scale_rows(dz1, rs, dz_ref);
+        CHECK_MESSAGE(scaled_equal(dz, dz_ref), what, ": backward dz");
+        CHECK_MESSAGE(equal_and_written(o, out_ref), what, ": backward's recomputed out");
+      }
+  // The front doors: the row scale's shape and dtype named; db with it declined (linear_glu_
+  // backward) or refused (the kernel's entry).
+  const Tensor x = rand64({200, 384}, g).to(DType::bf16).to(kGpu);
+  const Tensor w = rand64({256, 384}, g).to(DType::bf16).to(kGpu);
+  Tensor out = Tensor::empty({200, 128}, DType::bf16, kGpu);
+  CHECK_THROWS_WITH(
+      linear_glu(x, w, {}, Activation::silu, {}, out, Tensor::full({100}, 1.0, DType::f32, kGpu)),
+      doctest::Contains("[linear_glu] row_scale must be a contiguous f32 [200]"));
+  const Tensor rs = Tensor::full({200}, 2.0, DType::f32, kGpu);
+  const Tensor z = linear_glu(x, w, {}, Activation::silu, {}, out, rs);
+  REQUIRE(z.defined());
+  const Tensor dy = rand64({200, 384}, g).to(DType::bf16).to(kGpu);
+  const Tensor w2 = rand64({384, 128}, g).to(DType::bf16).to(kGpu);
+  Tensor dz = Tensor::empty({200, 256}, DType::bf16, kGpu), hd = out.clone();
+  Tensor db = Tensor::empty({256}, DType::bf16, kGpu);
+  CHECK(linear_glu_backward(dy, w2, z, {}, Activation::silu, {}, dz, hd, nullptr, rs));
+  CHECK(!linear_glu_backward(dy, w2, z, {}, Activation::silu, {}, dz, hd, &db, rs));
+  CHECK_THROWS_WITH(
+      cuda::sm90_gemm_nn_glu_backward(dy, w2, z, {}, Activation::silu, {}, dz, hd, &db, rs),
+      doctest::Contains("db with a row_scale"));
+  CHECK_THROWS_WITH(cuda::sm90_gemm_nn_glu_backward(dy, w2, z, {}, Activation::silu, {}, dz, hd,
+                                                    nullptr, rs.to(DType::bf16)),
+                    doctest::Contains("the GLU backward: row_scale must be a contiguous f32"));
 }
 
 TEST_CASE("linear_glu declines the CPU and checks its arguments") {

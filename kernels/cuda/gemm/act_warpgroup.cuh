@@ -162,20 +162,25 @@ struct ActShared {
 // The consumer's 64-row block rb (0, 1) of a 128×128 tile, rounded to T, into the
 // staged tile's two boxes (2rb, 2rb + 1) in TMA's 128-byte swizzle, with stmatrix (Note
 // [Staging with stmatrix]). acc in wgmma.cuh's layout.
-template <class T, int R>
+// kScale: the thread's rows r and r + 8 (stage_box) scaled by s0 and s1 on the way.
+template <class T, int R, bool kScale = false>
 __device__ __forceinline__ void stage_block(const float (&acc)[R], uint8_t* tile, int rb,
-                                            int wg_thread) {
+                                            int wg_thread, float s0 = 1.0f, float s1 = 1.0f) {
   static_assert(R == 64, "a 64×128 accumulator block");
-  stage_box<T>(acc, 0, tile + (2 * rb) * (64 * 64 * 2), wg_thread);
-  stage_box<T>(acc, 32, tile + (2 * rb + 1) * (64 * 64 * 2), wg_thread);
+  stage_box<T, R, kScale>(acc, 0, tile + (2 * rb) * (64 * 64 * 2), wg_thread, s0, s1);
+  stage_box<T, R, kScale>(acc, 32, tile + (2 * rb + 1) * (64 * 64 * 2), wg_thread, s0, s1);
 }
 
 // The activation warpgroups (2 + c for column block c). out1 (TMA) is z (forward) or dz
 // (backward); hd goes out through out2 (TMA, forward) or the hd pointer (backward); bias
 // optional [n], n % 8 == 0. kGlu (Note [GLU warpgroup]): n is the GLU's output width h, z
 // (and the backward's dz) [m, 2h] and bias [2h].
-template <class T, Activation A, bool kBackward, bool kGlu = false, bool kDynamic = true>
+// kRowScale (the GLU's only): the row-scaled kernels (row_scale below), instantiated apart so
+// that the others keep their code.
+template <class T, Activation A, bool kBackward, bool kGlu = false, bool kDynamic = true,
+          bool kRowScale = false>
 struct ActWarpgroup {
+  static_assert(!kRowScale || kGlu, "the row scale is the GLU kernels'");
   using Shared = ActShared<kBackward, kGlu, kDynamic>;
   const T* bias;
   int m, n;
@@ -192,6 +197,11 @@ struct ActWarpgroup {
   // The hidden dropout (Note [Activation warpgroup]): f the mask's factor of element
   // row·n + col (Note [Dropout RNG]). Inactive: no Philox and no multiply.
   DeviceMask mask{};
+  // kRowScale, [m] (Note [RMSNorm folded into the FFN], layers/functional.cpp): z =
+  // diag(row_scale)·x·Wᵀ. Forward: the consumer scales each row of its accumulators as it
+  // rounds them (gemm_act_kernel); backward: dz is stored scaled by its row's factor (the
+  // gradient of x·Wᵀ), without db (sm90_gemm_nn_glu_backward rejects both together).
+  const float* row_scale = nullptr;
 
   // Eight elements' biases from bias + skip + col (skip = n: the GLU's gate half); zeros past
   // n or without a bias.
@@ -360,6 +370,9 @@ struct ActWarpgroup {
   // warps, 2 activation warps per scheduler, 0.72 eligible warps per cycle, 39% of issue slots
   // busy) more than memory; rows one or four at a time, loads one row ahead and streaming
   // cache hints measured no better.
+  // kRowScale: dv and dg of row r come out multiplied by row_scale[r], which is folded into s
+  // (with dropout into the kept elements' factor: no multiply an element more), loaded with
+  // the row's z chunks two rows ahead.
   template <bool kDrop>
   __device__ __forceinline__ void run_glu_backward(int c, const Shared& sh,
                                                    const TileScheduler& sched,
@@ -370,12 +383,17 @@ struct ActWarpgroup {
     // z's value and gate chunks of the row computed next (c) and of the one after it (n1);
     // row k of a tile is row r0 + 64 (k / 4) + 16 (k % 4) of it.
     uint4 cv{}, cg{}, n1v{}, n1g{};
+    float cs = 1.0f, n1s = 1.0f;  // kRowScale: the same rows' scales
     const auto ring = sh.ring(sched);
     int u = ring.at(0);
     if (u >= 0) {
       const Unit first = sched.unit(u);
       load_zglu(first, c, r0, ch, cv, cg);
       load_zglu(first, c, r0 + 16, ch, n1v, n1g);
+      if constexpr (kRowScale) {
+        cs = load_row_scale(first, r0);
+        n1s = load_row_scale(first, r0 + 16);
+      }
     }
     for (int j = 0; u >= 0; ++j) {
       const Unit un = sched.unit(u);
@@ -409,9 +427,13 @@ struct ActWarpgroup {
       for (int k = 0; k < 8; ++k) {  // row box k / 4, row r0 + 16 (k % 4) of it
         const int rb = k / 4, r = r0 + 16 * (k % 4), row = rows + 64 * rb + r;
         uint4 n2v{}, n2g{};  // two rows on: this tile's, else the next tile's first two
+        float n2s = 1.0f;
         const int k2 = (k + 2) % 8;
-        if (k < 6 || has_next)
+        if (k < 6 || has_next) {
           load_zglu(k < 6 ? un : nun, c, r0 + 64 * (k2 / 4) + 16 * (k2 % 4), ch, n2v, n2g);
+          if constexpr (kRowScale)
+            n2s = load_row_scale(k < 6 ? un : nun, r0 + 64 * (k2 / 4) + 16 * (k2 % 4));
+        }
         const uint8_t* box = sh.staged(b) + (2 * rb + c) * SH::kBoxBytes;
         const uint4 draw = *reinterpret_cast<const uint4*>(box + r * 128 + ((ch ^ (r & 7)) << 4));
         const uint32_t* dh = reinterpret_cast<const uint32_t*>(&draw);  // pairs (unpack)
@@ -423,6 +445,7 @@ struct ActWarpgroup {
         uint32_t* ph = reinterpret_cast<uint32_t*>(&oh);
         uint32_t keep = 0;
         if constexpr (kDrop) keep = keep_bits(pre, static_cast<int64_t>(row) * n + col + 8 * ch);
+        const float fs = kDrop ? mask.scale * cs : cs;  // kRowScale: a kept element's factor of s
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // element pairs: one packed rounding per output pair
           float fv[2], fg[2], fh[2];
@@ -434,9 +457,12 @@ struct ActWarpgroup {
             act_math::value_grad<T>(gate, A, a, da);
             o = val * a;
             if constexpr (kDrop) {
-              const float f = (keep >> e) & 1u ? mask.scale : 0.0f;
-              s *= f;
+              const bool kept = (keep >> e) & 1u;
+              const float f = kept ? mask.scale : 0.0f;
+              s *= kRowScale ? (kept ? fs : 0.0f) : f;
               o *= f;
+            } else if constexpr (kRowScale) {
+              s *= fs;
             }
             fv[h] = s * a;
             fg[h] = s * val * da;
@@ -461,6 +487,7 @@ struct ActWarpgroup {
         cg = n1g;
         n1v = n2v;
         n1g = n2g;
+        if constexpr (kRowScale) cs = n1s, n1s = n2s;
       }
       if (db_part) column_sums(c, sh, sv, sg, un.tm, col);
       u = next;
@@ -471,6 +498,12 @@ struct ActWarpgroup {
   // [m, n); the gate half's is n further, out's (row·n + col) row·n less.
   __device__ __forceinline__ int64_t glu_chunk(int row, int col) const {
     return row < m && col < n ? static_cast<int64_t>(row) * 2 * n + col : -1;
+  }
+
+  // The GLU backward's row scale of row r (0-127) of unit un (0 past m).
+  __device__ __forceinline__ float load_row_scale(const Unit& un, int r) const {
+    const int row = 128 * un.tm + r;
+    return row < m ? __ldg(row_scale + row) : 0.0f;
   }
 
   // The GLU backward: this thread's z value and gate chunks of row r (0-127) of unit un's

@@ -95,9 +95,12 @@ __device__ __forceinline__ void store_pair(T* p, bool second, bool paired, float
 // accumulators a tile while its tensor cores wait), but no faster by the clock: gpt2's fc1
 // activation GEMMs and the bare GEMM within ±1% (H100, session 25), so that staging is not
 // what the forward's activation warps wait for.
-template <class T, int R>
+// kScale: rows r and r + 8 multiplied by s0 and s1 before rounding (v itself is not written:
+// a non-wgmma write of accumulator registers while other wgmmas are in flight serializes the
+// kernel's wgmmas, ptxas C7515).
+template <class T, int R, bool kScale = false>
 __device__ __forceinline__ void stage_box(const float (&v)[R], int first, uint8_t* box,
-                                          int wg_thread) {
+                                          int wg_thread, float s0 = 1.0f, float s1 = 1.0f) {
   static_assert(sizeof(T) == 2, "stmatrix stores 16-bit elements");
   const int lane = wg_thread % 32, m = lane / 8;
   const int row = 16 * (wg_thread / 32) + 8 * (m & 1) + lane % 8;
@@ -105,9 +108,14 @@ __device__ __forceinline__ void stage_box(const float (&v)[R], int first, uint8_
 #pragma unroll
   for (int j = 0; j < 8; j += 2) {
     const int i = first + 4 * j;
-    stmatrix_x4(base + (((j + (m >> 1)) ^ (row & 7)) << 4), pack2<T>(v[i], v[i + 1]),
-                pack2<T>(v[i + 2], v[i + 3]), pack2<T>(v[i + 4], v[i + 5]),
-                pack2<T>(v[i + 6], v[i + 7]));
+    if constexpr (kScale)
+      stmatrix_x4(base + (((j + (m >> 1)) ^ (row & 7)) << 4), pack2<T>(v[i] * s0, v[i + 1] * s0),
+                  pack2<T>(v[i + 2] * s1, v[i + 3] * s1), pack2<T>(v[i + 4] * s0, v[i + 5] * s0),
+                  pack2<T>(v[i + 6] * s1, v[i + 7] * s1));
+    else
+      stmatrix_x4(base + (((j + (m >> 1)) ^ (row & 7)) << 4), pack2<T>(v[i], v[i + 1]),
+                  pack2<T>(v[i + 2], v[i + 3]), pack2<T>(v[i + 4], v[i + 5]),
+                  pack2<T>(v[i + 6], v[i + 7]));
   }
 }
 

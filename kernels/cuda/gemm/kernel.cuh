@@ -199,12 +199,15 @@ __global__ void __launch_bounds__(384, 1)
 // The units come in Note [Dynamic unit order] (kDynamic: the producer thread takes them from
 // `units`) or in the static order (StaticUnits). kCluster = 2 (static order only): clusters of
 // two CTAs share A's tiles (Note [Operand multicast]; ta's boxes are then 64 rows).
-template <class T, int STAGES, Activation A, bool kBackward, bool kGlu, bool kDynamic, int kCluster>
+// kRowScale (the GLU's, Note [RMSNorm folded into the FFN]): act.row_scale is given; the
+// forward's consumer scales its accumulators' rows as it stages them.
+template <class T, int STAGES, Activation A, bool kBackward, bool kGlu, bool kDynamic, int kCluster,
+          bool kRowScale = false>
 __global__ void __launch_bounds__(512, 1)
     gemm_act_kernel(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                     const __grid_constant__ CUtensorMap tc, const __grid_constant__ CUtensorMap tc2,
                     TileScheduler sched_in, UnitCounter units,
-                    ActWarpgroup<T, A, kBackward, kGlu, kDynamic> act) {
+                    ActWarpgroup<T, A, kBackward, kGlu, kDynamic, kRowScale> act) {
 #if FFN_SM90A_CODE && defined(__CUDA_ARCH__)
   static_assert(kCluster == 1 || !kDynamic, "multicast runs in the static order");
   using ML = Mainloop<T, 128, STAGES, 4, false, kBackward, kCluster>;
@@ -250,6 +253,20 @@ __global__ void __launch_bounds__(512, 1)
     regs_alloc<232>();
     const int wg_thread = threadIdx.x % 128;
     float acc0[64], acc1[64];
+    // The GLU forward's row scale (kRowScale): this thread's rows r and r + 8 of both halves,
+    // [2h + 0/1], of the even tiles (s_even) and the odd ones (s_odd), each loaded when the
+    // tile's unit is taken, about a tile before its staging (tile 0's: at the start), and read
+    // where it is staged: no copy between them waits for a load.
+    constexpr bool kScaleRows = kRowScale && !kBackward;
+    float s_even[4] = {1.0f, 1.0f, 1.0f, 1.0f}, s_odd[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    const auto load_scales = [&](const Unit& un, float(&s)[4]) {
+      const int r = 128 * un.tm + 16 * (wg_thread / 32) + (wg_thread % 32) / 4;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = r + 64 * (i / 2) + 8 * (i % 2);
+        s[i] = row < act.m ? __ldg(act.row_scale + row) : 0.0f;
+      }
+    };
     // Tile 0's start (each later tile's is marked where the one before it is staged); trace.cuh
     // counts a CTA's tiles from it.
     if (wg_thread == 0) trace::mark(0, 0);
@@ -258,6 +275,13 @@ __global__ void __launch_bounds__(512, 1)
         acc0, acc1,
         [&](int j) {
           const int u = ring.at(j);
+          if constexpr (kScaleRows)
+            if (u >= 0) {
+              if (j & 1)
+                load_scales(sched.unit(u), s_odd);
+              else
+                load_scales(sched.unit(u), s_even);
+            }
           return u < 0 ? -1 : sched.unit(u).kbs;
         },
         [&](int j, int h, float(&acc)[64]) {
@@ -267,7 +291,14 @@ __global__ void __launch_bounds__(512, 1)
             if (j >= 2) named_barrier_sync(SH::empty_barrier(b), SH::kHandoff);  // tile j - 2's
             if (wg_thread == 0) trace::mark(2, j);
           }
-          stage_block<T>(acc, sh.staged(b), h, wg_thread);
+          if constexpr (kScaleRows) {  // rows r and r + 8 of this half: stage_box's s0, s1
+            const bool odd = j & 1;
+            const float s0 = h == 0 ? (odd ? s_odd[0] : s_even[0]) : (odd ? s_odd[2] : s_even[2]);
+            const float s1 = h == 0 ? (odd ? s_odd[1] : s_even[1]) : (odd ? s_odd[3] : s_even[3]);
+            stage_block<T, 64, true>(acc, sh.staged(b), h, wg_thread, s0, s1);
+          } else {
+            stage_block<T>(acc, sh.staged(b), h, wg_thread);
+          }
           if (h == 1) {
             fence_proxy_async_smem();  // the forward's z leaves by TMA straight from here
             named_barrier_arrive(SH::full_barrier(b), SH::kHandoff);
@@ -474,9 +505,11 @@ int act_tiles_n(int n) {
 // The units' order (Note [Dynamic unit order]): dynamic under gemm_dynamic_order()
 // (kernels/gemm.h: data parallelism), else static; kCluster = 2 in clusters sharing A
 // (act_multicast below).
-template <class T, Activation A, bool kBackward, bool kGlu, bool kDynamic, int kCluster>
+template <class T, Activation A, bool kBackward, bool kGlu, bool kDynamic, int kCluster,
+          bool kRowScale = false>
 void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
-                   const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part) {
+                   const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part,
+                   const float* row_scale = nullptr) {
   constexpr int kStage = 2 * 128 * 64 * 2;
   constexpr int kStages =
       std::min(6, (232448 - 1024 - 256 - ActShared<kBackward, kGlu, kDynamic>::kBytes) / kStage);
@@ -501,11 +534,13 @@ void launch_act_in(const Tensor& a, const Tensor& b, const Tensor& out, const Te
                           : group_rows(sched.tiles_m, static_cast<double>(b.numel()) * sizeof(T),
                                        2.0 * 128 * k, properties(dev).l2CacheSize);
   sched.group_shift = std::countr_zero(static_cast<unsigned>(group_m));  // a power of two
-  constexpr auto kernel = gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic, kCluster>;
+  constexpr auto kernel =
+      gemm_act_kernel<T, kStages, A, kBackward, kGlu, kDynamic, kCluster, kRowScale>;
   const int smem = ML::smem_bytes(ActShared<kBackward, kGlu, kDynamic>::kBytes);
   const UnitCounter units = kDynamic ? unit_counter(dev) : UnitCounter{};
-  ActWarpgroup<T, A, kBackward, kGlu, kDynamic> act{bias, m, n, db_part};
+  ActWarpgroup<T, A, kBackward, kGlu, kDynamic, kRowScale> act{bias, m, n, db_part};
   act.mask = mask;
+  act.row_scale = row_scale;
   if constexpr (kBackward) {
     act.z = static_cast<const T*>(z->data_ptr());
     act.hd = static_cast<T*>(hd.data_ptr());
@@ -544,12 +579,30 @@ bool act_multicast(int n, int k) {
   return !kBackward || (!kGlu && k >= 2048);
 }
 
-// The order (Note [Dynamic unit order]) and multicast (act_multicast).
+// The order (Note [Dynamic unit order]) and multicast (act_multicast). row_scale: the GLU's
+// (ActWarpgroup::row_scale), optional [m]; its kernels run in the static order (neither the
+// order nor multicast changes a bit), the forward in clusters where multicast is on and the
+// column tiles pair up, as act_multicast has the unscaled one: fewer instantiations.
 template <class T, Activation A, bool kBackward, bool kGlu = false>
 void launch_act(const Tensor& a, const Tensor& b, const Tensor& out, const Tensor& hd,
-                const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr) {
+                const Tensor* z, const T* bias, const DeviceMask& mask, float* db_part = nullptr,
+                const float* row_scale = nullptr) {
   const int n = static_cast<int>(kGlu ? hd.size(1) : out.size(1));
   const int k = static_cast<int>(a.size(1));
+  if constexpr (kGlu) {
+    if (row_scale) {
+      if constexpr (!kBackward) {
+        if (ffn::gemm_multicast() && act_tiles_n<kBackward, kGlu>(n) % 2 == 0) {
+          launch_act_in<T, A, kBackward, kGlu, false, 2, true>(a, b, out, hd, z, bias, mask,
+                                                               db_part, row_scale);
+          return;
+        }
+      }
+      launch_act_in<T, A, kBackward, kGlu, false, 1, true>(a, b, out, hd, z, bias, mask, db_part,
+                                                           row_scale);
+      return;
+    }
+  }
   if (ffn::gemm_dynamic_order()) {
     launch_act_in<T, A, kBackward, kGlu, true, 1>(a, b, out, hd, z, bias, mask, db_part);
     return;

@@ -111,20 +111,24 @@ void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& 
 // act(z_g + b_g)) [m, h], bit-identical to the GEMM followed by bias_glu_dropout. b optional
 // [2h]. sm90_gemm_glu_supported: sm90_gemm_supported for x·wᵀ -> z, act one of gelu_erf,
 // gelu_tanh, silu, h % 64 == 0 and a 16-byte aligned z.
+// row_scale (optional, f32 [m]; Note [RMSNorm folded into the FFN] in layers/functional.cpp):
+// z = diag(row_scale)·x·wᵀ, each row of the accumulators scaled before it is rounded.
 bool sm90_gemm_glu_supported(const Tensor& x, const Tensor& w, Activation act, const Tensor& z);
 void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
-                      const DropoutSpec& d, Tensor& z, Tensor& out);
+                      const DropoutSpec& d, Tensor& z, Tensor& out, const Tensor& row_scale = {});
 // Its backward's dhd product (Note [GLU warpgroup]): dhd = dy·w (dy [m, k], w [k, h]: fc2's
 // weight) and, with the saved z [m, 2h] (without the bias), dz [m, 2h] = [dv | dg] and out
 // = the forward's output recomputed (dW2's input), bit-identical to the GEMM followed by
 // bias_glu_dropout_backward; db (optional, [2h]) from per-tile partials as the plain
 // backward's. sm90_gemm_glu_backward_supported: sm90_gemm_supported for dy·w -> out [m, h],
-// act one of gelu_erf, gelu_tanh, silu, h % 8 == 0 and a 16-byte aligned out.
+// act one of gelu_erf, gelu_tanh, silu, h % 8 == 0 and a 16-byte aligned out. row_scale
+// (optional, f32 [m], not with db): the forward's; dz comes out as diag(row_scale)·dz, the
+// gradient of x·wᵀ.
 bool sm90_gemm_glu_backward_supported(const Tensor& dy, const Tensor& w, Activation act,
                                       const Tensor& out);
 void sm90_gemm_nn_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
                                Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
-                               Tensor* db = nullptr);
+                               Tensor* db = nullptr, const Tensor& row_scale = {});
 
 // A pre-norm block's branch ended inside its GEMM (Note [Residual add and norm in the
 // epilogue], norm_epilogue.cuh): h = x·wᵀ + bias (x [m, k], w [n, k], never stored), a = res +

@@ -176,8 +176,18 @@ bool sm90_gemm_glu_supported(const Tensor& x, const Tensor& w, Activation act, c
   return z.size(1) % 128 == 0 && aligned16(z);
 }
 
+// The GLU kernels' optional row scale: f32 [m], contiguous, on z's GPU.
+const float* row_scale_of(const char* what, const Tensor& s, int64_t m, const Tensor& z) {
+  if (!s.defined()) return nullptr;
+  FFN_CHECK(s.is_cuda() && s.device() == z.device() && s.dtype() == DType::f32 &&
+                s.shape() == Shape{m} && s.is_contiguous(),
+            "[sm90_gemm] ", what, ": row_scale must be a contiguous f32 [", m, "] tensor on ",
+            z.device().str(), ", got ", s.desc());
+  return static_cast<const float*>(s.data_ptr());
+}
+
 void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
-                      const DropoutSpec& d, Tensor& z, Tensor& out) {
+                      const DropoutSpec& d, Tensor& z, Tensor& out, const Tensor& row_scale) {
   FFN_CHECK(sm90_gemm_glu_supported(x, w, act, z), "[sm90_gemm] the GLU forward cannot run x ",
             shape_str(x.shape()), " ", dtype_name(x.dtype()), " · w ", shape_str(w.shape()),
             "ᵀ -> z ", shape_str(z.shape()), " with ", activation_name(act),
@@ -187,9 +197,11 @@ void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activat
   const int64_t h = z.size(1) / 2;
   check_operand(what, out, "out", {z.size(0), h}, z.dtype());
   if (b.defined()) check_operand(what, b, "the bias", {2 * h}, z.dtype());
+  const float* rs = row_scale_of(what, row_scale, z.size(0), z);
   dispatch(z.dtype(), act, [&]<class T, Activation A>() {
     const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
-    gemm::launch_act<T, A, false, true>(x, w, z, out, nullptr, bp, DeviceMask::from(d));
+    gemm::launch_act<T, A, false, true>(x, w, z, out, nullptr, bp, DeviceMask::from(d), nullptr,
+                                        rs);
   });
 }
 
@@ -202,7 +214,7 @@ bool sm90_gemm_glu_backward_supported(const Tensor& dy, const Tensor& w, Activat
 
 void sm90_gemm_nn_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& z, const Tensor& b,
                                Activation act, const DropoutSpec& d, Tensor& dz, Tensor& out,
-                               Tensor* db) {
+                               Tensor* db, const Tensor& row_scale) {
   FFN_CHECK(sm90_gemm_glu_backward_supported(dy, w, act, out),
             "[sm90_gemm] the GLU backward cannot run dy ", shape_str(dy.shape()), " ",
             dtype_name(dy.dtype()), " · w ", shape_str(w.shape()), " -> out ",
@@ -215,12 +227,15 @@ void sm90_gemm_nn_glu_backward(const Tensor& dy, const Tensor& w, const Tensor& 
   check_operand(what, dz, "dz", {m, 2 * h}, out.dtype());
   if (b.defined()) check_operand(what, b, "the bias", {2 * h}, out.dtype());
   if (db) check_operand(what, *db, "db", {2 * h}, out.dtype(), false);
+  const float* rs = row_scale_of(what, row_scale, m, dz);
+  FFN_CHECK(!rs || !db, "[sm90_gemm] ", what, ": db with a row_scale is not summed here (db is ",
+            "Σ_rows of the unscaled dz)");
   Tensor part;
   if (db) part = Tensor::empty({(m + 127) / 128, 2 * h}, DType::f32, out.device());
   dispatch(out.dtype(), act, [&]<class T, Activation A>() {
     const T* bp = b.defined() ? static_cast<const T*>(b.data_ptr()) : nullptr;
     gemm::launch_act<T, A, true, true>(dy, w, dz, out, &z, bp, DeviceMask::from(d),
-                                       db ? static_cast<float*>(part.data_ptr()) : nullptr);
+                                       db ? static_cast<float*>(part.data_ptr()) : nullptr, rs);
     if (db) sum_partials<T>(part, *db);
   });
 }
