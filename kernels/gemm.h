@@ -151,14 +151,16 @@ bool gemm_dependent_launch();
 // char models 5%), so it is there to be measured and worked on, not used.
 void set_norm_epilogue(bool on);
 bool norm_epilogue();
-// Whether a Llama block's first RMSNorm is folded into its QKV GEMM where the residual stream
-// is 16-bit (Note [RMSNorm folded into the QKV GEMM] in layers/attention.cpp): the add before
-// it writes only the sum and the row statistics, the GEMM scales its rows, and the normalized
-// activation is never stored. Off by default: FFN_RMS_FOLD=1 or set_rms_fold(true) turns it
-// on. Measured slower than the norm as its own output (H200, session 50: llama_char's step
-// with a bf16 stream 1-3%, a d768 attention branch 0.6%; the two weight-sized passes it adds
-// cost more than the normalized activation's write it saves), so it is there to be measured
-// and worked on, not used.
+// Whether a Llama block's RMSNorms are folded into the GEMMs that consume them where the
+// residual stream is 16-bit (Note [RMSNorm folded into the QKV GEMM] in layers/attention.cpp,
+// Note [RMSNorm folded into the FFN] in layers/functional.cpp): the add before each writes
+// only the sum and the row statistics, the QKV GEMM or the MLP's fc1 scales its rows, and the
+// normalized activation is never stored. Off by default: FFN_RMS_FOLD=1 or set_rms_fold(true)
+// turns it on. Both folds measured slower than the norm as its own output (H200, sessions
+// 50-51: llama_char's step with a bf16 stream 1.6-2.1% with both; an attention branch
+// 0.8-2.9%, an MLP branch 2.1-3.9%; the two weight-sized passes each adds cost more than the
+// normalized activation's write it saves), so they are there for the memory (2 bytes an
+// element of the stream per norm) and to be worked on, not used by default.
 void set_rms_fold(bool on);
 bool rms_fold();
 

@@ -73,7 +73,8 @@
 // norm's node with an output that is never computed), which only this node feeds. The results
 // differ from the unfused path's by where the rounding happens (W·g and dqkv' rounded to 16
 // bits instead of y and dqkv): tests/test_attention_layers.cpp compares them within the
-// low-precision rule. rms_fold() (kernels/gemm.h) switches it on.
+// low-precision rule. rms_fold() (kernels/gemm.h) switches it on, with the MLP's norm folded
+// into its fc1 likewise (Note [RMSNorm folded into the FFN] in layers/functional.cpp).
 #include <cmath>
 
 #include "kernels/attention.h"

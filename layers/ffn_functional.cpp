@@ -2,8 +2,9 @@
 #include "layers/ffn_functional.h"
 
 #include "kernels/bias_act_dropout.h"
-#include "kernels/gemm.h"
 #include "kernels/bias_glu_dropout.h"
+#include "kernels/gemm.h"
+#include "kernels/scale.h"
 
 namespace ffn {
 
@@ -29,6 +30,15 @@ void ffn_check(const Tensor& x, const FfnParams& p, const FfnConfig& cfg, const 
     FFN_CHECK(p.w1.size(1) == x.size(1), "[ffn] x.shape[-1]=", x.size(1),
               " != w1.shape[1]=", p.w1.size(1), " (in_features)");
     check_param(p.w1, x, p.w1.shape(), "w1");
+  }
+  if (p.row_scale.defined()) {
+    FFN_CHECK(p.w1.defined(), "[ffn] row_scale scales fc1's product: it needs w1");
+    const Tensor& s = p.row_scale;
+    FFN_CHECK(
+        s.dtype() == acc_dtype(x.dtype()) && s.shape() == Shape{x.size(0)} && s.is_contiguous(),
+        "[ffn] row_scale must be a contiguous ", dtype_name(acc_dtype(x.dtype())), " [", x.size(0),
+        "] tensor for x ", x.desc(), ", got ", s.desc());
+    check_same_device(s, x, "ffn", "row_scale", "x");
   }
   const int64_t h1 = z_width(x, p);
   FFN_CHECK(!cfg.gated || h1 % 2 == 0, "[ffn] gated FFN needs an even fc1 width, got ", h1);
@@ -58,7 +68,11 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
   // z + b1 and is 13% faster than the GEMM plus our kernel at d=1024
   // (bench/RESULTS-2026-11-22.md). That one cannot apply a mask, has no erf/SiLU/GLU, and its
   // approximate tanh (4e-5 relative) is only below the output rounding for 16-bit types.
-  const bool plain_fc1 = x.is_cuda() && p.w1.defined() && !cfg.gated && !cfg.recompute;
+  // A row scale runs only in the gated fc1's kernel (linear_glu); elsewhere it is a
+  // scale_rows pass over z after the GEMM (and over dz in the backward).
+  const Tensor& rs = p.row_scale;
+  const bool plain_fc1 =
+      x.is_cuda() && p.w1.defined() && !cfg.gated && !cfg.recompute && !rs.defined();
   if (plain_fc1) {  // z and hd allocated once, for whichever of the three ways runs
     out.z = Tensor::empty({m, h1}, x.dtype(), x.device());
     hd = Tensor::empty({m, h1}, x.dtype(), x.device());
@@ -78,9 +92,10 @@ FfnForward ffn_forward(const Tensor& x, const FfnParams& p, const FfnConfig& cfg
     // warpgroup]; z saved without the bias, as below).
     Tensor z;
     if (cfg.gated && p.w1.defined() && !cfg.recompute && x.is_cuda() && gemm_epilogues())
-      z = linear_glu(x, p.w1, p.b1, cfg.act, d.hidden, hd);
+      z = linear_glu(x, p.w1, p.b1, cfg.act, d.hidden, hd, rs);
     if (!z.defined()) {
       z = p.w1.defined() ? matmul(x, p.w1, {.trans_b = true}) : x;
+      if (rs.defined()) scale_rows(z, rs, z);
       if (cfg.gated)
         bias_glu_dropout(z, p.b1, cfg.act, d.hidden, hd);
       else
@@ -149,6 +164,7 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
     } else {
       FFN_CHECK(cfg.recompute, "[ffn_backward] z was not saved and recompute is off");
       z = matmul(x, p.w1, {.trans_b = true});
+      if (p.row_scale.defined()) scale_rows(z, p.row_scale, z);
     }
   }
   Tensor dz = Tensor::empty({m, h1}, x.dtype(), x.device());
@@ -156,10 +172,14 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
   Tensor hd = p.w2.defined() ? Tensor::empty({m, h}, x.dtype(), x.device()) : Tensor();
   const Tensor b1 = saved.z_has_bias && z_saved.defined() ? Tensor() : p.b1;  // z = z + b1
   Tensor* db1_fused = p.b1.defined() ? &g.db1 : nullptr;
+  // With a row scale the fused GLU backward stores diag(row_scale)·dz (without db1: it
+  // declines both together); every other path scales dz after it.
+  const Tensor& rs = p.row_scale;
   const bool fused =
       gemm_epilogues() && p.w2.defined() && (p.w1.defined() || !cfg.gated) &&
-      (cfg.gated ? linear_glu_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused)
-                 : linear_act_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused));
+      (cfg.gated ? linear_glu_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused, rs)
+                 : !rs.defined() &&
+                       linear_act_backward(dz2, p.w2, z, b1, cfg.act, d.hidden, dz, hd, db1_fused));
   if (!fused) {
     const Tensor dhd = p.w2.defined() ? matmul(dz2, p.w2) : dz2;
     Tensor* db1 = p.b1.defined() ? &g.db1 : nullptr;
@@ -168,6 +188,7 @@ FfnGrads ffn_backward(const Tensor& dy, const Tensor& x, const FfnForward& saved
       bias_glu_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
     else
       bias_act_dropout_backward(dhd, z, b1, cfg.act, d.hidden, dz, db1, hd_out);
+    if (rs.defined()) scale_rows(dz, rs, dz);
   }
 
   if (p.w2.defined()) {

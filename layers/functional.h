@@ -31,6 +31,15 @@ Var mse_loss(const Var& pred, const Tensor& target);
 // The fused FFN block (layers/ffn_functional.h) as one node; x: [..., d].
 Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2,
         const FfnConfig& cfg, const FfnDropout& d);
+// ffn(rms_norm(x, g, eps), w1, …) with the norm folded into fc1 (Note [RMSNorm folded into
+// the FFN] in layers/functional.cpp), rstd the rows' statistics (add_rms_stats or rms_stats):
+// one node whose fc1 runs on x with W1·diag(g) and rstd as its row scale; y is never stored.
+// Where it does not fold (rms_fold() off, no rstd or w1, recompute, x not contiguous in w1's
+// and g's dtype, on the GPU gemm_epilogues() off or x not 16-bit) it is exactly that
+// composition, the norm recomputed from x.
+Var rms_norm_ffn(const Var& x, const Var& g, const Tensor& rstd, double eps, const Var& w1,
+                 const Var& b1, const Var& w2, const Var& b2, const FfnConfig& cfg,
+                 const FfnDropout& d);
 
 // out[..., :] = table[ids[...], :]; ids: i32 of any shape, table: [V, C] → [..., C].
 // check_ids: see kernels/embedding.h (false only for ids the caller built in range).
@@ -70,7 +79,7 @@ Tensor rms_stats(const Var& x, const Var& w, double eps);
 // The folded norm's graph node: rms_norm(x, w)'s node for rows of statistics rstd, whose output
 // is never computed (its value borrows x's memory: never read it) and whose backward takes
 // rstd ⊙ dy (kernels/layer_norm.h, prescaled). Only for a consumer node built with it that
-// makes exactly that gradient (fn::rms_norm_rope_attention).
+// makes exactly that gradient (fn::rms_norm_rope_attention, fn::rms_norm_ffn).
 Var rms_norm_unstored(const Var& x, const Var& w, const Tensor& rstd);
 // Mean softmax cross-entropy of logits [..., V] against i32 targets [...]; shape [], in
 // acc_dtype(logits) (f32 for 16-bit logits). targets get no gradient.

@@ -116,6 +116,14 @@ Var LlamaMLP::forward_impl(const Var& x) {
   return fn::ffn(x, w1, Var(), down_proj_.weight(), Var(), FfnConfig{act_, true, false}, {});
 }
 
+Var LlamaMLP::forward_folded(const Var& x, const RMSNorm& norm, const Tensor& rstd) {
+  check_input(x.value());
+  const Var w1 =
+      fn::concat_rows({{up_proj_.weight(), 0, hidden_}, {gate_proj_.weight(), 0, hidden_}});
+  return fn::rms_norm_ffn(x, norm.weight(), rstd, norm.eps(), w1, Var(), down_proj_.weight(), Var(),
+                          FfnConfig{act_, true, false}, {});
+}
+
 LlamaBlock::LlamaBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init)
     : d_model_(cfg.d_model),
       dropout_(cfg.dropout),
@@ -124,7 +132,8 @@ LlamaBlock::LlamaBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Gen
       self_attn_(cfg, rng, init),
       post_attention_layernorm_(cfg.d_model, cfg.place, cfg.norm_eps),
       mlp_(cfg, init) {
-  input_layernorm_.set_folded(true);  // where it can (RMSNorm::folds)
+  input_layernorm_.set_folded(true);  // where they can (RMSNorm::folds)
+  post_attention_layernorm_.set_folded(true);
   register_module("input_layernorm", input_layernorm_);
   register_module("self_attn", self_attn_);
   register_module("post_attention_layernorm", post_attention_layernorm_);
@@ -146,7 +155,9 @@ PreNormBlock::Open LlamaBlock::open_impl(const Var& x, const Var& x_norm) {
                         : self_attn_.forward_heads(x_norm);
   const auto [a, a_norm] =
       post_attention_layernorm_.forward_after_linear_add(x, heads, self_attn_.out_proj(), spec());
-  const Var m = mlp_.forward(a_norm);
+  const Var m = post_attention_layernorm_.folds(a.value())
+                    ? mlp_.forward_folded(a, post_attention_layernorm_, a_norm.value())
+                    : mlp_.forward(a_norm);
   return {a, m, spec()};
 }
 
