@@ -196,63 +196,88 @@ void norm_epilogue_bench(int device, int warmup, int iters) {
   }
 }
 
-// Note [RMSNorm folded into the QKV GEMM] (layers/attention.cpp): a Llama block's attention
-// branch with a 16-bit residual stream, forward and backward through autograd, a = res +
-// dropout(h) (its add), out = a + attention(rope(rms_norm(a)·Wᵀ)), with rms_fold() on (the
-// norm folded into the QKV GEMM) and off (add_layer_norm writes y), alternated twice.
+// Note [RMSNorm folded into the QKV GEMM] (layers/attention.cpp) and Note [RMSNorm folded
+// into the FFN] (layers/functional.cpp): a Llama block's attention branch and its MLP branch
+// with a 16-bit residual stream, forward and backward through autograd, a = res + dropout(h)
+// (its add), out = a + attention(rope(rms_norm(a)·Wᵀ)) or a + swiglu_ffn(rms_norm(a)), with
+// rms_fold() on (the norm folded into the QKV GEMM or fc1) and off (add_layer_norm writes y),
+// alternated twice.
 void rms_fold_bench(int device, int warmup, int iters, const std::string& variant,
                     const std::string& only) {
   const Device dev = Device::cuda(device);
   struct Case {
     const char* name;
-    int64_t b, t, c, h;
+    int64_t b, t, c, h, hidden;
     float p;
   };
   const bool fold = rms_fold();
-  for (const Case& cs : {Case{"llama_char", 64, 256, 384, 6, 0.3f},
-                         Case{"d768 (gpt2-sized)", 16, 1024, 768, 12, 0.0f},
-                         Case{"d2048", 4, 1024, 2048, 32, 0.0f}}) {
-    if (!only.empty() && std::string(cs.name).find(only) == std::string::npos) continue;
-    Generator g(13);
-    const Shape sh{cs.b, cs.t, cs.c};
-    const Tensor res = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
-    const Tensor h = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
-    const Tensor gain = Tensor::randn({cs.c}, g, DType::bf16, dev, 1.0, 0.1);
-    const Tensor w = Tensor::randn({3 * cs.c, cs.c}, g, DType::bf16, dev, 0.0, 0.02);
-    const Tensor dy = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
-    const DropoutSpec d = cs.p > 0 ? DropoutSpec{cs.p, 5, 0} : DropoutSpec{};
-    auto step = [&] {
-      Var rv(res, true), hv(h, true), gv(gain, true), wv(w, true);
-      if (rms_fold()) {
-        const auto [a, rstd] = fn::add_rms_stats(rv, hv, d, gv, 1e-5);
-        fn::add(a, fn::rms_norm_rope_attention(a, gv, rstd, 1e-5, wv, cs.h, 10000.0, d))
-            .backward(dy);
-      } else {
-        const auto [a, an] = fn::add_layer_norm(rv, hv, d, gv, Var(), 1e-5, /*rms=*/true);
-        fn::add(a, fn::rope_attention(an, wv, cs.h, 10000.0, d)).backward(dy);
+  for (const Case& cs : {Case{"llama_char", 64, 256, 384, 6, 1024, 0.3f},
+                         Case{"d768 (gpt2-sized)", 16, 1024, 768, 12, 2048, 0.0f},
+                         Case{"d2048", 4, 1024, 2048, 32, 5632, 0.0f}})
+    for (const bool mlp : {false, true}) {
+      const std::string name = std::string(mlp ? "mlp " : "attention ") + cs.name;
+      if (!only.empty() && name.find(only) == std::string::npos) continue;
+      Generator g(13);
+      const Shape sh{cs.b, cs.t, cs.c};
+      const Tensor res = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
+      const Tensor h = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
+      const Tensor gain = Tensor::randn({cs.c}, g, DType::bf16, dev, 1.0, 0.1);
+      const Tensor w = Tensor::randn({3 * cs.c, cs.c}, g, DType::bf16, dev, 0.0, 0.02);
+      const Tensor w1 = Tensor::randn({2 * cs.hidden, cs.c}, g, DType::bf16, dev, 0.0, 0.02);
+      const Tensor w2 = Tensor::randn({cs.c, cs.hidden}, g, DType::bf16, dev, 0.0, 0.02);
+      const Tensor dy = Tensor::randn(sh, g, DType::bf16, dev, 0.0, 1.0);
+      const DropoutSpec d = cs.p > 0 ? DropoutSpec{cs.p, 5, 0} : DropoutSpec{};
+      const FfnConfig swiglu{Activation::silu, true, false};
+      auto step = [&] {
+        Var rv(res, true), hv(h, true), gv(gain, true), wv(w, true), w1v(w1, true), w2v(w2, true);
+        if (rms_fold()) {
+          const auto [a, rstd] = fn::add_rms_stats(rv, hv, d, gv, 1e-5);
+          const Var y =
+              mlp ? fn::rms_norm_ffn(a, gv, rstd, 1e-5, w1v, Var(), w2v, Var(), swiglu, {})
+                  : fn::rms_norm_rope_attention(a, gv, rstd, 1e-5, wv, cs.h, 10000.0, d);
+          fn::add(a, y).backward(dy);
+        } else {
+          const auto [a, an] = fn::add_layer_norm(rv, hv, d, gv, Var(), 1e-5, /*rms=*/true);
+          const Var y = mlp ? fn::ffn(an, w1v, Var(), w2v, Var(), swiglu, {})
+                            : fn::rope_attention(an, wv, cs.h, 10000.0, d);
+          fn::add(a, y).backward(dy);
+        }
+      };
+      if (variant != "both") {
+        set_rms_fold(variant == "on");
+        std::printf("{\"rms_fold\": \"%s\", \"%s_ms\": %.4f}\n", name.c_str(),
+                    variant == "on" ? "folded" : "unfused", median_ms(device, warmup, iters, step));
+        std::fflush(stdout);
+        continue;
       }
-    };
-    if (variant != "both") {
-      set_rms_fold(variant == "on");
-      std::printf("{\"rms_fold\": \"%s\", \"%s_ms\": %.4f}\n", cs.name,
-                  variant == "on" ? "folded" : "unfused", median_ms(device, warmup, iters, step));
-      std::fflush(stdout);
-      continue;
-    }
-    double ms[2][2];
-    for (int r = 0; r < 2; ++r)
+      double ms[2][2];
+      for (int r = 0; r < 2; ++r)
+        for (int on = 0; on < 2; ++on) {
+          set_rms_fold(on == 1);
+          ms[r][on] = median_ms(device, warmup, iters, step);
+        }
+      // The most the step holds at once beyond what was allocated before it (the graph's saved
+      // tensors among it), one step each way.
+      long long peak[2];
       for (int on = 0; on < 2; ++on) {
         set_rms_fold(on == 1);
-        ms[r][on] = median_ms(device, warmup, iters, step);
+        cuda::synchronize(device);
+        const size_t before = memory_stats(dev).in_use;
+        reset_peak_memory(dev);
+        step();
+        cuda::synchronize(device);
+        peak[on] = static_cast<long long>(memory_stats(dev).peak - before);
       }
-    std::printf(
-        "{\"rms_fold\": \"%s, B %lld T %lld C %lld heads %lld, p %.1f\", \"unfused_ms\": "
-        "[%.4f, %.4f], \"folded_ms\": [%.4f, %.4f], \"folded_over_unfused\": %.3f}\n",
-        cs.name, static_cast<long long>(cs.b), static_cast<long long>(cs.t),
-        static_cast<long long>(cs.c), static_cast<long long>(cs.h), cs.p, ms[0][0], ms[1][0],
-        ms[0][1], ms[1][1], (ms[0][1] + ms[1][1]) / (ms[0][0] + ms[1][0]));
-    std::fflush(stdout);
-  }
+      std::printf(
+          "{\"rms_fold\": \"%s, B %lld T %lld C %lld heads %lld hidden %lld, p %.1f\", "
+          "\"unfused_ms\": [%.4f, %.4f], \"folded_ms\": [%.4f, %.4f], \"folded_over_unfused\": "
+          "%.3f, \"unfused_step_peak_bytes\": %lld, \"folded_step_peak_bytes\": %lld}\n",
+          name.c_str(), static_cast<long long>(cs.b), static_cast<long long>(cs.t),
+          static_cast<long long>(cs.c), static_cast<long long>(cs.h),
+          static_cast<long long>(cs.hidden), cs.p, ms[0][0], ms[1][0], ms[0][1], ms[1][1],
+          (ms[0][1] + ms[1][1]) / (ms[0][0] + ms[1][0]), peak[0], peak[1]);
+      std::fflush(stdout);
+    }
   set_rms_fold(fold);
 }
 
