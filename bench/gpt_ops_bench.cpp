@@ -197,7 +197,7 @@ void norm_epilogue_bench(int device, int warmup, int iters) {
 }
 
 // Note [RMSNorm folded into the QKV GEMM] (layers/attention.cpp) and Note [RMSNorm folded
-// into the FFN] (layers/functional.cpp): a Llama block's attention branch and its MLP branch
+// into the FFN] (layers/ffn_nodes.cpp): a Llama block's attention branch and its MLP branch
 // with a 16-bit residual stream, forward and backward through autograd, a = res + dropout(h)
 // (its add), out = a + attention(rope(rms_norm(a)·Wᵀ)) or a + swiglu_ffn(rms_norm(a)), with
 // rms_fold() on (the norm folded into the QKV GEMM or fc1) and off (add_layer_norm writes y),

@@ -29,7 +29,7 @@ void bias_glu_dropout_backward(const Tensor& dout, const Tensor& z, const Tensor
 // tensor and computes nothing where it does not run or was not measured faster (the CPU,
 // f32, non-Hopper GPUs, h % 64 != 0, K below 384): the caller then runs gemm and
 // bias_glu_dropout. row_scale (optional, [M] in acc_dtype(x); Note [RMSNorm folded into the FFN] in
-// layers/functional.cpp): z = diag(row_scale)·x·wᵀ, each row scaled before it is rounded
+// layers/ffn_nodes.cpp): z = diag(row_scale)·x·wᵀ, each row scaled before it is rounded
 // (the caller's fallback: scale_rows of the product).
 Tensor linear_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
                   const DropoutSpec& d, Tensor& out, const Tensor& row_scale = {});

@@ -153,7 +153,7 @@ void set_norm_epilogue(bool on);
 bool norm_epilogue();
 // Whether a Llama block's RMSNorms are folded into the GEMMs that consume them where the
 // residual stream is 16-bit (Note [RMSNorm folded into the QKV GEMM] in layers/attention.cpp,
-// Note [RMSNorm folded into the FFN] in layers/functional.cpp): the add before each writes
+// Note [RMSNorm folded into the FFN] in layers/ffn_nodes.cpp): the add before each writes
 // only the sum and the row statistics, the QKV GEMM or the MLP's fc1 scales its rows, and the
 // normalized activation is never stored. Off by default: FFN_RMS_FOLD=1 or set_rms_fold(true)
 // turns it on. Both folds measured slower than the norm as its own output (H200, sessions

@@ -74,7 +74,7 @@
 // differ from the unfused path's by where the rounding happens (W·g and dqkv' rounded to 16
 // bits instead of y and dqkv): tests/test_attention_layers.cpp compares them within the
 // low-precision rule. rms_fold() (kernels/gemm.h) switches it on, with the MLP's norm folded
-// into its fc1 likewise (Note [RMSNorm folded into the FFN] in layers/functional.cpp).
+// into its fc1 likewise (Note [RMSNorm folded into the FFN] in layers/ffn_nodes.cpp).
 #include <cmath>
 
 #include "kernels/attention.h"

@@ -28,7 +28,7 @@ namespace ffn {
 struct FfnParams {
   Tensor w1, b1, w2, b2;  // w1: [H1, d], b1: [H1], w2: [d_out, h], b2: [d_out]; each optional
   // Optional, [M] in acc_dtype(x) (f32 for 16-bit x), needs w1 (Note [RMSNorm folded into the
-  // FFN] in layers/functional.cpp):
+  // FFN] in layers/ffn_nodes.cpp):
   // fc1's product scaled by rows, z = diag(row_scale)·x·W1ᵀ (+ b1 after it), a constant:
   // the backward's dx and dw1 are the gradients of that function with respect to x and W1.
   Tensor row_scale;

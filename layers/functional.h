@@ -32,7 +32,7 @@ Var mse_loss(const Var& pred, const Tensor& target);
 Var ffn(const Var& x, const Var& w1, const Var& b1, const Var& w2, const Var& b2,
         const FfnConfig& cfg, const FfnDropout& d);
 // ffn(rms_norm(x, g, eps), w1, …) with the norm folded into fc1 (Note [RMSNorm folded into
-// the FFN] in layers/functional.cpp), rstd the rows' statistics (add_rms_stats or rms_stats):
+// the FFN] in layers/ffn_nodes.cpp), rstd the rows' statistics (add_rms_stats or rms_stats):
 // one node whose fc1 runs on x with W1·diag(g) and rstd as its row scale; y is never stored.
 // Where it does not fold (rms_fold() off, no rstd or w1, recompute, x not contiguous in w1's
 // and g's dtype, on the GPU gemm_epilogues() off or x not 16-bit) it is exactly that

@@ -53,7 +53,7 @@ class LlamaMLP : public Layer {
  public:
   LlamaMLP(const GptConfig& cfg, Generator& init);
   // forward(norm(x)) for a folded RMSNorm `norm` whose statistics of x are rstd (Note [RMSNorm
-  // folded into the FFN] in layers/functional.cpp).
+  // folded into the FFN] in layers/ffn_nodes.cpp).
   Var forward_folded(const Var& x, const RMSNorm& norm, const Tensor& rstd);
 
  protected:
@@ -69,7 +69,7 @@ class LlamaMLP : public Layer {
 // x + self_attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x)).
 // input_layernorm is folded into the QKV GEMM and post_attention_layernorm into the MLP's
 // fc1 where they can be (RMSNorm::folds; Note [RMSNorm folded into the QKV GEMM] in
-// layers/attention.cpp, Note [RMSNorm folded into the FFN] in layers/functional.cpp).
+// layers/attention.cpp, Note [RMSNorm folded into the FFN] in layers/ffn_nodes.cpp).
 class LlamaBlock : public PreNormBlock {
  public:
   LlamaBlock(const GptConfig& cfg, std::shared_ptr<Generator> rng, Generator& init);

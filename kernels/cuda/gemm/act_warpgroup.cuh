@@ -197,7 +197,7 @@ struct ActWarpgroup {
   // The hidden dropout (Note [Activation warpgroup]): f the mask's factor of element
   // row·n + col (Note [Dropout RNG]). Inactive: no Philox and no multiply.
   DeviceMask mask{};
-  // kRowScale, [m] (Note [RMSNorm folded into the FFN], layers/functional.cpp): z =
+  // kRowScale, [m] (Note [RMSNorm folded into the FFN], layers/ffn_nodes.cpp): z =
   // diag(row_scale)·x·Wᵀ. Forward: the consumer scales each row of its accumulators as it
   // rounds them (gemm_act_kernel); backward: dz is stored scaled by its row's factor (the
   // gradient of x·Wᵀ), without db (sm90_gemm_nn_glu_backward rejects both together).

@@ -111,7 +111,7 @@ void sm90_gemm_nn_act_backward(const Tensor& dy, const Tensor& w, const Tensor& 
 // act(z_g + b_g)) [m, h], bit-identical to the GEMM followed by bias_glu_dropout. b optional
 // [2h]. sm90_gemm_glu_supported: sm90_gemm_supported for x·wᵀ -> z, act one of gelu_erf,
 // gelu_tanh, silu, h % 64 == 0 and a 16-byte aligned z.
-// row_scale (optional, f32 [m]; Note [RMSNorm folded into the FFN] in layers/functional.cpp):
+// row_scale (optional, f32 [m]; Note [RMSNorm folded into the FFN] in layers/ffn_nodes.cpp):
 // z = diag(row_scale)·x·wᵀ, each row of the accumulators scaled before it is rounded.
 bool sm90_gemm_glu_supported(const Tensor& x, const Tensor& w, Activation act, const Tensor& z);
 void sm90_gemm_nt_glu(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
