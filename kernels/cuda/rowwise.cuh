@@ -58,12 +58,43 @@ __device__ __forceinline__ void load_vec(const T* p, A (&out)[VEC]) {
   for (int j = 0; j < VEC; ++j) out[j] = static_cast<A>(to_acc(pk.v[j]));
 }
 
+// Note [Vector stores]
+// ~~~~~~~~~~~~~~~~~~~~
+// store_vec writes its VEC values (into global memory) with one 16-, 8- or 4-byte store:
+// 16-bit values packed in pairs by one conversion each (pack2, the same rounding as
+// from_acc), floats and doubles as float4 / float2 / double2, stored through __stwb (an
+// st.global.wb of the whole word). A plain assignment of the word, or of a Pack of converted
+// values, left the width to the compiler, and in the rowwise kernels it split every 16-byte
+// store into four 4-byte ones (st.global.u32, or st.global.v2.u16, in the PTX; the loads
+// stayed 16 bytes wide). The GLU backward pass then wrote 2.2× its bytes' worth of L2 sectors
+// and ran bound by L2 (90% of its throughput, DRAM at 56%) at 2.7 TB/s, against a copy's 4.0
+// (ncu, session 52, bench/RESULTS.md).
 template <int VEC, class T, class A>
 __device__ __forceinline__ void store_vec(T* p, const A (&in)[VEC]) {
-  Pack<T, VEC> pk;
+  constexpr bool k16 = std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>;
+  if constexpr (k16 && std::is_same_v<A, float> && (VEC == 8 || VEC == 4 || VEC == 2)) {
+    uint32_t w[VEC / 2];
 #pragma unroll
-  for (int j = 0; j < VEC; ++j) pk.v[j] = from_acc<T>(in[j]);
-  *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+    for (int j = 0; j < VEC / 2; ++j) w[j] = pack2<T>(in[2 * j], in[2 * j + 1]);
+    if constexpr (VEC == 8)
+      __stwb(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+    else if constexpr (VEC == 4)
+      __stwb(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
+    else
+      __stwb(reinterpret_cast<unsigned int*>(p), w[0]);
+  } else if constexpr (std::is_same_v<T, float> && VEC == 4) {
+    __stwb(reinterpret_cast<float4*>(p), make_float4(from_acc<T>(in[0]), from_acc<T>(in[1]),
+                                                     from_acc<T>(in[2]), from_acc<T>(in[3])));
+  } else if constexpr (std::is_same_v<T, float> && VEC == 2) {
+    __stwb(reinterpret_cast<float2*>(p), make_float2(from_acc<T>(in[0]), from_acc<T>(in[1])));
+  } else if constexpr (std::is_same_v<T, double> && VEC == 2) {
+    __stwb(reinterpret_cast<double2*>(p), make_double2(from_acc<T>(in[0]), from_acc<T>(in[1])));
+  } else {
+    Pack<T, VEC> pk;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) pk.v[j] = from_acc<T>(in[j]);
+    *reinterpret_cast<Pack<T, VEC>*>(p) = pk;
+  }
 }
 
 // Loads columns [c0, c0+VEC) of each valid row (ok[u]) of a row-major matrix with
