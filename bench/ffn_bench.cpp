@@ -90,6 +90,10 @@ void kernel_breakdown(const bench::Workload& w, int device, int warmup, int iter
            else
              bias_act_dropout_backward(dh, z, b, w.act, d, dz, &db, &hd2);
          }));
+  if (w.gated)  // the workload's own call: no W2, so no recomputed forward (dz and db only)
+    report("bias_glu_dropout_backward_dz_db", act_bwd - w.m * hidden * es,
+           median_ms(device, warmup, iters,
+                     [&] { bias_glu_dropout_backward(dh, z, b, w.act, d, dz, &db, nullptr); }));
   Tensor copy_dst = Tensor::empty({w.m, h1}, w.dtype, dev);
   report("d2d_copy_reference", 2 * w.m * h1 * es,
          median_ms(device, warmup, iters, [&] { copy_dst.copy_(z); }));
