@@ -51,7 +51,7 @@ constexpr int kFwdKeys = 128, kFwdStages = 4;
 // 0.0286 → 0.0274 at shakespeare_char's; 192-row blocks 0.0879 → 0.0890 (gpt2_small) and
 // 0.0612 → 0.0620 (T = 512). Within a run's noise of the default, so off by default; the
 // bench times both, for the next device to say.
-[[maybe_unused]] constexpr int kTurnBarrier = 1;  // ids 1 .. NC (0 is __syncthreads'); device code only
+[[maybe_unused]] constexpr int kTurnBarrier = 1;  // ids 1 .. NC (0 is __syncthreads'); device only
 // 192-row blocks by default from this T (where 64 divides it): measured at B·H = 192 heads and
 // more (H100, ffn-bench --attention, session 36), the forward at T = 1024 −10%, T = 512 −7%,
 // T = 256 +3% (two blocks a head, one with a single busy warpgroup).
