@@ -9,12 +9,17 @@
 // by the CUDA driver into any CUDA program (ours, a PyTorch script, every rank that
 // `ffn-train --nproc N` starts) through the driver's injection hook:
 //   CUDA_INJECTION64_PATH=build/bench/libffn-kernel-trace.so FFN_KERNEL_TRACE=/tmp/t <program>
-// It records CUPTI's concurrent-kernel activity (the kernels of CUDA graphs included) and, at
-// exit, writes FFN_KERNEL_TRACE.<pid>.csv: one line per kernel, start and end in ns,
-// device, stream, graph id (0: not in a graph), grid and block size, registers per thread and
-// the demangled name, last (it may hold commas). bench/kernel_trace.py sums the kernels per
-// training step and compares two traces kernel by kernel. Tracing adds about a microsecond
-// to each launch on the host; the kernels' own times are the GPU's.
+// It records CUPTI's concurrent-kernel activity (the kernels of CUDA graphs included) into
+// FFN_KERNEL_TRACE.<pid>.csv: one line per kernel, start and end in ns, device, stream, graph
+// id (0: not in a graph), grid and block size, registers per thread and the demangled name,
+// last (it may hold commas). bench/kernel_trace.py sums the kernels per training step and
+// compares two traces kernel by kernel.
+//
+// The lines are written as CUPTI hands over full buffers (small ones, 1 MiB, a few thousand
+// kernels each), never from an exit handler: the first version flushed CUPTI in an atexit
+// handler, and on an H200 (session 54) the traced process never exited. So the last buffer
+// of a run is lost; trace more steps than you analyse. Tracing adds about a microsecond to each
+// launch on the host; the kernels' own times are the GPU's.
 #include <cupti.h>
 #include <cxxabi.h>
 #include <unistd.h>
@@ -23,20 +28,12 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <vector>
 
 namespace {
 
-struct Record {
-  uint64_t start, end;
-  uint32_t device, stream, graph;
-  int32_t grid, block, regs;
-  std::string name;
-};
-
 std::mutex g_mutex;
-std::vector<Record> g_records;
-size_t g_dropped = 0;
+FILE* g_file = nullptr;
+size_t g_kernels = 0, g_dropped = 0;
 
 std::string demangle(const char* name) {
   if (!name) return "?";
@@ -48,60 +45,53 @@ std::string demangle(const char* name) {
 }
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
-  *size = size_t{16} << 20;
+  *size = size_t{1} << 20;
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
   *max_records = 0;
 }
 
+// CUPTI's worker thread hands over a full buffer: its kernels go to the file at once.
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
-  std::vector<Record> got;
+  std::lock_guard<std::mutex> lock(g_mutex);
   CUpti_Activity* rec = nullptr;
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
       continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-    got.push_back({k->start, k->end, k->deviceId, k->streamId, k->graphId,
-                   k->gridX * k->gridY * k->gridZ, k->blockX * k->blockY * k->blockZ,
-                   static_cast<int32_t>(k->registersPerThread), demangle(k->name)});
+    std::fprintf(g_file, "%llu,%llu,%u,%u,%u,%u,%u,%u,%s\n",
+                 static_cast<unsigned long long>(k->start), static_cast<unsigned long long>(k->end),
+                 k->deviceId, k->streamId, k->graphId, k->gridX * k->gridY * k->gridZ,
+                 k->blockX * k->blockY * k->blockZ, static_cast<unsigned>(k->registersPerThread),
+                 demangle(k->name).c_str());
+    ++g_kernels;
   }
   size_t dropped = 0;
   cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped);
-  std::free(buffer);
-  std::lock_guard<std::mutex> lock(g_mutex);
   g_dropped += dropped;
-  for (Record& r : got) g_records.push_back(std::move(r));
-}
-
-void write_trace() {
-  cuptiActivityFlushAll(1);
-  const char* prefix = std::getenv("FFN_KERNEL_TRACE");
-  const std::string path =
-      std::string(prefix && *prefix ? prefix : "ffn-kernel-trace") + "." + std::to_string(getpid()) + ".csv";
-  std::lock_guard<std::mutex> lock(g_mutex);
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) {
-    std::fprintf(stderr, "ffn-kernel-trace: cannot write %s\n", path.c_str());
-    return;
-  }
-  std::fprintf(f, "start_ns,end_ns,device,stream,graph,grid,block,regs,name\n");
-  for (const Record& r : g_records)
-    std::fprintf(f, "%llu,%llu,%u,%u,%u,%d,%d,%d,%s\n", static_cast<unsigned long long>(r.start),
-                 static_cast<unsigned long long>(r.end), r.device, r.stream, r.graph, r.grid, r.block,
-                 r.regs, r.name.c_str());
-  std::fclose(f);
-  std::fprintf(stderr, "ffn-kernel-trace: %zu kernels (%zu records dropped) -> %s\n", g_records.size(),
-               g_dropped, path.c_str());
+  std::fflush(g_file);
+  std::free(buffer);
 }
 
 }  // namespace
 
 // Called by the CUDA driver when CUDA_INJECTION64_PATH names this library.
 extern "C" int InitializeInjection(void) {
+  const char* prefix = std::getenv("FFN_KERNEL_TRACE");
+  const std::string path = std::string(prefix && *prefix ? prefix : "ffn-kernel-trace") + "." +
+                           std::to_string(getpid()) + ".csv";
+  g_file = std::fopen(path.c_str(), "w");
+  if (!g_file) {
+    std::fprintf(stderr, "ffn-kernel-trace: cannot write %s; nothing is traced\n", path.c_str());
+    return 0;
+  }
+  std::fprintf(g_file, "start_ns,end_ns,device,stream,graph,grid,block,regs,name\n");
+  std::fflush(g_file);
   if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
       cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
     std::fprintf(stderr, "ffn-kernel-trace: CUPTI refused the kernel activity; nothing is traced\n");
     return 0;
   }
-  std::atexit(write_trace);
+  cuptiActivityFlushPeriod(100);  // hand over full buffers within 0.1 s
+  std::fprintf(stderr, "ffn-kernel-trace: tracing kernels into %s\n", path.c_str());
   return 1;
 }
