@@ -19,7 +19,11 @@
 // kernels each), never from an exit handler: the first version flushed CUPTI in an atexit
 // handler, and on an H200 (session 54) the traced process never exited. So the last buffer
 // of a run is lost; trace more steps than you analyse. Tracing adds about a microsecond to each
-// launch on the host; the kernels' own times are the GPU's.
+// launch on the host; the kernels' own times are the GPU's. Run a traced program in the
+// background and poll it (tools/ddp-check's `trace` part does): under coreutils' `timeout` the
+// first traced runs outlived even its SIGKILL. Under `ffn-train --nproc 2` (session 54, 2
+// H200s) both ranks started tracing but only one rank's file received kernels; the other held
+// its header alone, for a reason not yet found.
 #include <cupti.h>
 #include <cxxabi.h>
 #include <unistd.h>
