@@ -8,7 +8,11 @@
 //   ce:    NCCL's in-place all-gather in a symmetric window, on a communicator with the
 //          zero-CTA policy (NCCL >= 2.28: the copy engines), then a mean kernel of
 //          --sum-ctas thread blocks (0: none), as the copy-engine path first did
-// usage: ffn-nccl-overlap [--mode ring|ce] [--mib 27.04] [--sum-ctas 32]
+// The GEMMs are 8192×8192×2048 by default; --shape M,N,K --at makes them a weight gradient's
+// C[M, N] = Aᵀ·B with A [K, M] and B [K, N] row-major (gpt2_small's MLP: 3072,768,16384), the
+// products that session 54's traces showed at half speed beside a bucket.
+// usage: ffn-nccl-overlap [--mode ring|ce] [--mib 27.04] [--sum-ctas 32] [--shape M,N,K]
+//        [--at] [--gemms 30] [--collectives 12]
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -78,12 +82,20 @@ struct Probe {
   cublasHandle_t blas{};
   __nv_bfloat16 *a{}, *b{}, *c{}, *grad{}, *window{};
   float* tiny{};
-  static constexpr int M = 8192, N = 8192, K = 2048, G = 30, R = 12;
+  int M = 8192, N = 8192, K = 2048, G = 30, R = 12;
+  bool at = false;  // C = Aᵀ·B (A [K, M], B [K, N]) instead of C = A·Bᵀ (A [M, K], B [N, K])
 
   void gemm() {
     const float one = 1, zero = 0;
-    cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, b, CUDA_R_16BF, K, a, CUDA_R_16BF,
-                 K, &zero, c, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    // Row-major C [M, N] is column-major Cᵀ [N, M] = op(B)·op(A) in cuBLAS's terms.
+    if (at)
+      cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_T, N, M, K, &one, b, CUDA_R_16BF, N, a,
+                   CUDA_R_16BF, M, &zero, c, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
+    else
+      cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, b, CUDA_R_16BF, K, a,
+                   CUDA_R_16BF, K, &zero, c, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
   }
   void collective(bool ring) {
     if (ring) {
@@ -134,11 +146,11 @@ struct Probe {
     CK(cudaStreamCreateWithPriority(&comms, cudaStreamNonBlocking, hi));
     cublasCreate(&blas);
     cublasSetStream(blas, gemms);
-    CK(cudaMalloc(&a, size_t{M} * K * 2));
-    CK(cudaMalloc(&b, size_t{N} * K * 2));
-    CK(cudaMalloc(&c, size_t{M} * N * 2));
-    CK(cudaMemset(a, 0x3c, size_t{M} * K * 2));
-    CK(cudaMemset(b, 0x3c, size_t{N} * K * 2));
+    CK(cudaMalloc(&a, static_cast<size_t>(M) * K * 2));
+    CK(cudaMalloc(&b, static_cast<size_t>(N) * K * 2));
+    CK(cudaMalloc(&c, static_cast<size_t>(M) * N * 2));
+    CK(cudaMemset(a, 0x3c, static_cast<size_t>(M) * K * 2));
+    CK(cudaMemset(b, 0x3c, static_cast<size_t>(N) * K * 2));
     CK(cudaMalloc(&grad, n * 2));
     CK(cudaMemset(grad, 0x3c, n * 2));
     CK(cudaMalloc(&tiny, 4));
@@ -168,13 +180,13 @@ struct Probe {
     if (rank == 0) {
       const float ta = median(alone), tw = median(with);
       std::printf(
-          "%s, %d x %.2f MiB%s: GEMMs alone %.3f ms (%.0f TFLOP/s); collectives alone "
-          "%.3f ms (%.3f each), beside the GEMMs %.3f ms; GEMMs with them %.3f ms "
-          "(+%.3f ms)\n",
+          "%s, %d x %.2f MiB%s: %d GEMMs %dx%dx%d%s alone %.3f ms (%.0f TFLOP/s); "
+          "collectives alone %.3f ms (%.3f each), beside the GEMMs %.3f ms; GEMMs with "
+          "them %.3f ms (+%.3f ms)\n",
           mode.c_str(), R, n * 2.0 / 1048576.0,
-          ce ? (" + mean of " + std::to_string(sum_ctas) + " CTAs").c_str() : "", ta,
-          2.0 * M * N * K * G / ta / 1e9, median(comm_alone), median(comm_alone) / R,
-          median(comm_with), tw, tw - ta);
+          ce ? (" + mean of " + std::to_string(sum_ctas) + " CTAs").c_str() : "", G, M, N, K,
+          at ? " Aᵀ" : "", ta, 2.0 * M * N * K * G / ta / 1e9, median(comm_alone),
+          median(comm_alone) / R, median(comm_with), tw, tw - ta);
       std::fflush(stdout);
     }
 #if FFN_PROBE_CE
@@ -190,12 +202,20 @@ int main(int argc, char** argv) {
   CLI::App app{"ffn-nccl-overlap: a bucket's collective beside GEMMs on 2 GPUs"};
   std::string mode = "ring";
   double mib = 27.04;
-  int sum_ctas = 32;
+  int sum_ctas = 32, gemms = 30, collectives = 12;
+  std::vector<int> shape = {8192, 8192, 2048};
+  bool at = false;
   app.add_option("--mode", mode, "ring (NCCL's all-reduce) or ce (copy-engine all-gather)")
       ->check(CLI::IsMember({"ring", "ce"}));
   app.add_option("--mib", mib, "bucket size in MiB (bf16)")->check(CLI::PositiveNumber);
   app.add_option("--sum-ctas", sum_ctas, "ce: thread blocks of the mean kernel (0: none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--shape", shape, "the GEMMs' M,N,K")->delimiter(',')->expected(3)
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--at", at, "C = Aᵀ·B (a weight gradient's layout) instead of C = A·Bᵀ");
+  app.add_option("--gemms", gemms, "GEMMs in the chain")->check(CLI::PositiveNumber);
+  app.add_option("--collectives", collectives, "collectives beside them")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (mode == "ce" && !FFN_PROBE_CE) {
     std::fprintf(stderr, "ffn-nccl-overlap: --mode ce needs NCCL >= 2.28 (built with %d.%d)\n",
@@ -217,6 +237,12 @@ int main(int argc, char** argv) {
     p.rank = r;
     p.mode = mode;
     p.sum_ctas = sum_ctas;
+    p.M = shape[0];
+    p.N = shape[1];
+    p.K = shape[2];
+    p.at = at;
+    p.G = gemms;
+    p.R = collectives;
     p.n = static_cast<size_t>(mib * 1048576.0 / 2) / 64 * 64;
     ncclUniqueId id;
     if (r == 0) {
