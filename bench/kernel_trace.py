@@ -4,6 +4,7 @@
 
   kernel_trace.py summary TRACE.csv [--marker REGEX] [--skip 20] [--steps 60]
   kernel_trace.py compare A.csv B.csv [--marker REGEX] [--skip 20] [--steps 60] [--top 30]
+  kernel_trace.py beside TRACE.csv [--with REGEX] [--top 30]
 
 A step is the time from one launch of the marker kernel (by default the optimizer's last
 kernel, ours or PyTorch's fused AdamW) to the next; the first --skip steps (autotuning, the
@@ -11,9 +12,14 @@ graph's capture, warm-up) are left out. `summary` prints each kernel's launches,
 step and time per launch, and how much of the step some kernel was running (the union of
 the kernels' intervals); `compare` prints the kernels whose time per step differs most
 between two traces (e.g. rank 0 of a 2-GPU run against a 1-GPU run): which kernels get
-longer beside the collectives, and the collectives' own kernels.
+longer beside the collectives, and the collectives' own kernels. `beside` splits each kernel's
+launches (by name and grid; the first fifth of the trace left out) into those that ran more
+than half of their time beside a kernel matching --with (default: NCCL's) and the others, and
+prints both medians: what running beside it costs each kernel (session 54: the MLP's weight
+gradients at half speed beside a bucket's all-reduce).
 """
 import argparse
+import bisect
 import csv
 import re
 import statistics
@@ -119,9 +125,43 @@ def compare(pa, pb, a):
           f"{sum(r[0] for r in rows):+8.4f}  all kernels (summed; overlapping kernels count twice)")
 
 
+def beside(path, a):
+    rows = load(path, a.device)
+    m = re.compile(a.with_)
+    other = [(s, e) for s, e, *_rest, n in rows if m.search(n)]
+    grid = {}
+    with open(path, newline="") as f:  # the grid per (start, name), for the key
+        r = csv.reader(f)
+        next(r)
+        for x in r:
+            if len(x) >= 9:
+                grid[(int(x[0]), ",".join(x[8:]))] = x[5]
+    alone, near = defaultdict(list), defaultdict(list)
+    starts = [s for s, _ in other]
+    for s, e, *_rest, n in rows[len(rows) // 5:]:
+        if m.search(n) or e <= s:
+            continue
+        i = max(0, bisect.bisect_left(starts, s) - 64)  # the others overlapping [s, e)
+        o = 0
+        for s2, e2 in other[i:]:
+            if s2 >= e:
+                break
+            o += max(0, min(e, e2) - max(s, s2))
+        key = (n, grid.get((s, n), "?"))
+        (near if o > (e - s) / 2 else alone)[key].append((e - s) / 1e3)
+    print(f"{path}: launches alone and beside kernels matching '{a.with_}' (median us)")
+    print(f"{'alone':>9} {'n':>5} {'beside':>9} {'n':>5} {'ratio':>6}  kernel")
+    keys = sorted(near, key=lambda k: -sum(near[k]))[: a.top]
+    for k in keys:
+        x = statistics.median(alone[k]) if alone[k] else float("nan")
+        y = statistics.median(near[k])
+        print(f"{x:9.1f} {len(alone[k]):5d} {y:9.1f} {len(near[k]):5d} {y / x:6.2f}  "
+              f"{short(k[0], a.width)} [grid {k[1]}]")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", choices=["summary", "compare"])
+    p.add_argument("mode", choices=["summary", "compare", "beside"])
     p.add_argument("traces", nargs="+")
     p.add_argument("--marker", default=r"adamw_kernel|FusedAdam",
                    help="regex of the optimizer's kernels (ours: adamw_kernel; PyTorch's fused AdamW: FusedAdam)")
@@ -129,10 +169,16 @@ def main():
     p.add_argument("--steps", type=int, default=60, help="steps summed")
     p.add_argument("--device", type=int, default=None, help="only this device's kernels")
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--width", type=int, default=100, help="beside: characters of each name")
+    p.add_argument("--with", dest="with_", default=r"^nccl",
+                   help="beside: regex of the kernels that others run beside (default: NCCL's)")
     a = p.parse_args()
     if a.mode == "summary":
         for t in a.traces:
             summarize(t, a)
+    elif a.mode == "beside":
+        for t in a.traces:
+            beside(t, a)
     else:
         if len(a.traces) != 2:
             p.error("compare takes two traces")
