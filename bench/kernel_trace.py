@@ -39,7 +39,8 @@ def load(path, device=None):
             d = int(x[2])
             if device is not None and d != device:
                 continue
-            rows.append((int(x[0]), int(x[1]), d, int(x[3]), int(x[4]), name))
+            # start, end, device, stream, graph, grid, name
+            rows.append((int(x[0]), int(x[1]), d, int(x[3]), int(x[4]), int(x[5]), name))
     rows.sort()
     return rows
 
@@ -129,16 +130,9 @@ def beside(path, a):
     rows = load(path, a.device)
     m = re.compile(a.with_)
     other = [(s, e) for s, e, *_rest, n in rows if m.search(n)]
-    grid = {}
-    with open(path, newline="") as f:  # the grid per (start, name), for the key
-        r = csv.reader(f)
-        next(r)
-        for x in r:
-            if len(x) >= 9:
-                grid[(int(x[0]), ",".join(x[8:]))] = x[5]
     alone, near = defaultdict(list), defaultdict(list)
     starts = [s for s, _ in other]
-    for s, e, *_rest, n in rows[len(rows) // 5:]:
+    for s, e, *_rest, grid, n in rows[len(rows) // 5:]:
         if m.search(n) or e <= s:
             continue
         i = max(0, bisect.bisect_left(starts, s) - 64)  # the others overlapping [s, e)
@@ -147,7 +141,7 @@ def beside(path, a):
             if s2 >= e:
                 break
             o += max(0, min(e, e2) - max(s, s2))
-        key = (n, grid.get((s, n), "?"))
+        key = (n, grid)
         (near if o > (e - s) / 2 else alone)[key].append((e - s) / 1e3)
     print(f"{path}: launches alone and beside kernels matching '{a.with_}' (median us)")
     print(f"{'alone':>9} {'n':>5} {'beside':>9} {'n':>5} {'ratio':>6}  kernel")
